@@ -1,0 +1,30 @@
+"""The one way an audit row is written: inside the caller's transaction (STYLE point 5)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from accounts.models import AuditLog
+
+
+def record(
+    *,
+    actor: str,
+    action: str,
+    target: Any = None,
+    detail: dict | None = None,
+    at: datetime | None = None,
+) -> AuditLog:
+    target_type = target._meta.model_name if target is not None else ""
+    target_id = str(target.pk) if target is not None else ""
+    return AuditLog.objects.create(
+        at=at or timezone.now(),
+        actor=actor,
+        action=action,
+        target_type=target_type,
+        target_id=target_id,
+        detail=detail or {},
+    )

@@ -1,0 +1,1 @@
+"""Capacity-demand delivery state (built in its own issue)."""
