@@ -1,8 +1,9 @@
 """URL roots."""
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/v1/agent/", include("fleet.urls")),
 ]

@@ -1,0 +1,89 @@
+"""The one place a runner's state is written (RUN-05).
+
+Every change is a compare-and-set UPDATE guarded by the allow-list in `runners.states`: a
+count of 0 means another writer won or the edge is illegal, and nothing is forced.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import Value
+from django.db.models.functions import Coalesce
+
+from accounts import audit
+from runners.models import Runner
+from runners.states import TERMINAL_STATES, RunnerState, can_transition, sources_of
+
+log = logging.getLogger("zoomies.runners")
+
+
+@dataclass(frozen=True)
+class TransitionResult:
+    """What a transition did: `changed` only when this call moved the row."""
+
+    changed: bool
+    previous: str | None
+    current: str | None
+    dropped: bool = False  # an illegal edge that was refused
+
+
+def transition_runner(
+    runner_id: int,
+    new_state: str,
+    *,
+    now: datetime,
+    actor: str,
+    reason: str = "",
+    message: str | None = None,
+    extra: dict | None = None,
+) -> TransitionResult:
+    """Move a runner to `new_state` if the allow-list permits it from its current state.
+
+    A repeated state changes nothing, not even `state_changed_at` (the idle clock, RUN-07).
+    `finished_at` is stamped once, on the first terminal entry (RUN-09). `message` is kept
+    when given (a failure's reason is the only record of why it failed).
+    """
+    new_state = RunnerState(new_state)
+    with transaction.atomic():
+        row = Runner.objects.filter(pk=runner_id).values_list("state", "ephemeral").first()
+        if row is None:
+            return TransitionResult(False, None, None)
+        current, ephemeral = row
+        if current == new_state:
+            return TransitionResult(False, current, current)
+        # RUN-04: an ephemeral runner's one job is its last; it never goes back to idle.
+        ephemeral_reuse = ephemeral and (current, new_state) == (RunnerState.BUSY, RunnerState.IDLE)
+        if ephemeral_reuse or not can_transition(current, new_state):
+            log.warning(
+                "runner %s: dropped illegal transition %s -> %s (%s)",
+                runner_id,
+                current,
+                new_state,
+                reason or actor,
+            )
+            return TransitionResult(False, current, current, dropped=True)
+        fields: dict = {"state": new_state, "state_changed_at": now, **(extra or {})}
+        if message is not None:
+            fields["message"] = message
+        if new_state in TERMINAL_STATES:
+            fields["finished_at"] = Coalesce("finished_at", Value(now))
+        # The guard repeats the allow-list in SQL: a concurrent writer that moved the row
+        # since the read above makes this count 0 instead of forcing an edge.
+        moved = Runner.objects.filter(
+            pk=runner_id, state=current, state__in=sources_of(new_state)
+        ).update(**fields)
+        if not moved:
+            latest = Runner.objects.filter(pk=runner_id).values_list("state", flat=True).first()
+            return TransitionResult(False, current, latest)
+        audit.record(
+            actor=actor,
+            action=f"runner.{new_state}",
+            target=Runner(pk=runner_id),
+            detail={"from": current, "to": new_state, "reason": reason},
+            at=now,
+        )
+    return TransitionResult(True, current, new_state)
