@@ -47,6 +47,9 @@ class Pool(models.Model):
     installation = models.ForeignKey(
         Installation, null=True, blank=True, on_delete=models.SET_NULL, related_name="pools"
     )
+    repository = models.CharField(
+        max_length=200, blank=True, help_text="owner/name for repository-level runners; blank: org"
+    )
     labels = models.JSONField(default=list, blank=True)
     backend = models.CharField(max_length=16, choices=Backend.choices, default=Backend.DOCKER)
     platform = models.CharField(max_length=32, blank=True, help_text="e.g. linux/x64; blank: any")

@@ -1,0 +1,61 @@
+"""The housekeeping tick (30 s): host health, task leases, runner retention and reaping."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from runners.models import Runner
+from runners.states import RunnerState
+from runners.transitions import transition_runner
+from zoomies_site import registry
+
+log = logging.getLogger("zoomies.housekeeping")
+ACTOR = "system:housekeeping"
+
+
+@dataclass
+class HousekeepingReport:
+    lines: list[str] = field(default_factory=list)
+
+
+def expire_failed_runners(now: datetime) -> list[str]:
+    """RUN-10: a failed runner stays listed for the failed retention, then is removed."""
+    cutoff = now - registry.get("scheduler.failed_retention")
+    lines = []
+    for runner in Runner.objects.filter(state=RunnerState.FAILED, finished_at__lte=cutoff):
+        if transition_runner(
+            runner.pk, RunnerState.REMOVED, now=now, actor=ACTOR, reason="failed retention over"
+        ).changed:
+            lines.append(f"{runner.name}: failed retention over, removed")
+    return lines
+
+
+def reap_removed_runners(now: datetime) -> list[str]:
+    """RUN-19: a removed runner's row is reaped once nothing still owes it work.
+
+    Jobs keep the runner's name, so a finished job still says which runner ran it.
+    """
+    lines = []
+    for runner in Runner.objects.filter(state=RunnerState.REMOVED):
+        if runner.tasks.filter(state__in=("pending", "in_flight")).exists():
+            continue  # a remove still owed to the host (TASK-08)
+        deleted, _ = Runner.objects.filter(pk=runner.pk, state=RunnerState.REMOVED).delete()
+        if deleted:
+            lines.append(f"{runner.name}: reaped")
+    return lines
+
+
+def housekeeping_step(now: datetime) -> HousekeepingReport:
+    from fleet.health import check_host_health
+    from fleet.taskqueue import sweep_tasks
+
+    report = HousekeepingReport()
+    report.lines.extend(check_host_health(now) or [])
+    report.lines.extend(sweep_tasks(now) or [])
+    report.lines.extend(expire_failed_runners(now))
+    report.lines.extend(reap_removed_runners(now))
+    for line in report.lines:
+        log.info("housekeeping: %s", line)
+    return report

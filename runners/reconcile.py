@@ -1,0 +1,358 @@
+"""The reconcile pass: build a snapshot from rows, decide, apply (spec "A job arrives" 3-5).
+
+Building and applying are separate functions around the pure `runners.scheduler.decide`.
+No transaction spans a GitHub call (STORE-02): JIT configurations are minted first,
+concurrently, and each runner row is then written with its agent task in one transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings as django_settings
+from django.db import transaction
+from django.utils import timezone
+
+from fleet.models import Host
+from fleet.states import HostHealth, TaskKind
+from fleet.taskqueue import enqueue_task
+from runners import naming
+from runners.lifecycle import drain_runner, fail_runner
+from runners.models import Installation, Job, Pool, Runner
+from runners.scheduler import (
+    HostView,
+    JobView,
+    Plan,
+    PoolView,
+    RunnerView,
+    SchedulerSettings,
+    Snapshot,
+    decide,
+)
+from runners.states import JobStatus, RunnerState
+from zoomies_site import leases, registry
+
+log = logging.getLogger("zoomies.reconcile")
+
+LEASE_NAME = "reconcile"
+LEASE_TTL = timedelta(minutes=5)  # longer than any pass; a crashed holder frees it by expiry
+ACTOR = "system:reconcile"
+FAKE_RUNNER_IMAGE = "zoomies/fake-runner"
+JIT_MINT_CONCURRENCY = 8
+
+
+def _none_if_zero(value: timedelta) -> timedelta | None:
+    return value if value and value.total_seconds() > 0 else None
+
+
+def scheduler_settings() -> SchedulerSettings:
+    return SchedulerSettings(
+        provision_timeout=registry.get("scheduler.provision_timeout"),
+        failed_retention=registry.get("scheduler.failed_retention"),
+        start_backoff=registry.get("scheduler.start_backoff"),
+        max_start_backoff=registry.get("scheduler.max_start_backoff"),
+        max_runner_lifetime=_none_if_zero(registry.get("scheduler.max_runner_lifetime")),
+        default_idle_timeout=_none_if_zero(registry.get("scheduler.idle_timeout")),
+    )
+
+
+def build_snapshot(now: datetime) -> Snapshot:
+    """The rows, the settings and `now`, as plain data (SCHED-02)."""
+    pools = tuple(
+        PoolView(
+            id=p.pk,
+            name=p.name,
+            labels=tuple(p.labels or ()),
+            backend=p.backend,
+            platform=p.platform or None,
+            host_selector=tuple(sorted((str(k), str(v)) for k, v in p.host_selector.items())),
+            image=p.image,
+            cpus=p.cpus,
+            memory_mb=p.memory_mb,
+            dind=p.dind,
+            ephemeral=p.ephemeral,
+            warm=p.warm,
+            max_runners=p.max_runners,
+            paused=p.paused,
+            idle_timeout=p.idle_timeout,
+            installation_id=p.installation_id,
+        )
+        for p in Pool.objects.order_by("name")
+    )
+    hosts = tuple(
+        HostView(
+            id=h.pk,
+            name=h.name,
+            healthy=h.health == HostHealth.HEALTHY,
+            cordoned=h.cordoned,
+            backends=tuple(h.backends or ()),
+            platform=h.platform or None,
+            labels=tuple(sorted((str(k), str(v)) for k, v in (h.labels or {}).items())),
+            capacity=h.capacity,
+            cpus=h.cpus,
+            memory_mb=h.memory_mb,
+        )
+        for h in Host.objects.order_by("pk")
+    )
+    runners = tuple(
+        RunnerView(
+            id=r.pk,
+            pool_id=r.pool_id,
+            host_id=r.host_id,
+            state=r.state,
+            created_at=r.created_at,
+            state_changed_at=r.state_changed_at,
+            finished_at=r.finished_at,
+            cpus=r.cpus,
+            memory_mb=r.memory_mb,
+            dind=r.pool.dind,
+        )
+        for r in Runner.objects.exclude(state=RunnerState.REMOVED).select_related("pool")
+    )
+    jobs = tuple(
+        JobView(
+            id=j.pk,
+            labels=tuple(j.labels or ()),
+            repository=j.repository,
+            installation_id=j.installation_id,
+            created_at=j.created_at,
+        )
+        for j in Job.objects.filter(status=JobStatus.QUEUED).order_by("created_at", "pk")
+    )
+    return Snapshot(
+        now=now,
+        pools=pools,
+        hosts=hosts,
+        runners=runners,
+        queued_jobs=jobs,
+        settings=scheduler_settings(),
+    )
+
+
+@dataclass
+class ApplyReport:
+    """What a pass did, one sentence per action (for logs and the audit trail)."""
+
+    created: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    drained: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    demand: list[str] = field(default_factory=list)
+
+    def changed(self) -> bool:
+        return bool(self.created or self.failed or self.drained)
+
+
+def runner_command(pool: Pool, image: str) -> list[str] | None:
+    """The argv a process-backend runner runs; container backends run the image instead."""
+    if pool.backend != Pool.Backend.PROCESS:
+        return None
+    if image == FAKE_RUNNER_IMAGE:
+        return [sys.executable, "-m", "runners.github.fake.runner"]
+    if image == naming.PROCESS_RUNNER:
+        root = os.environ.get("ZOOMIES_ACTIONS_RUNNER_DIR", "/opt/actions-runner")
+        return [os.path.join(root, "run.sh")]
+    return [image]
+
+
+def installation_for(pool: Pool) -> Installation | None:
+    if pool.installation_id:
+        return pool.installation
+    return Installation.objects.filter(active=True).order_by("pk").first()
+
+
+@dataclass
+class _Minted:
+    create: object
+    pool: Pool
+    installation: Installation
+    name: str
+    env: dict
+    github_runner_id: int | None
+
+
+def _mint(create, pool: Pool, installation: Installation, image: str) -> _Minted:
+    """Ask GitHub for the runner's credential: a JIT config, or a registration token."""
+    from runners.github.config import get_app
+
+    app = get_app()
+    if app is None:
+        raise RuntimeError("no GitHub App is configured")
+    name = naming.runner_name(pool.name, secrets.randbelow(10**6), secrets.token_hex(3))
+    client = app.for_installation(installation.github_id)
+    if pool.repository:
+        target = {"repo": pool.repository}
+    elif installation.kind == Installation.Kind.REPO:
+        if not installation.repositories:
+            raise RuntimeError(f"installation {installation.account} lists no repository")
+        target = {"repo": installation.repositories[0]}
+    else:
+        target = {"org": installation.account}
+    labels = list(dict.fromkeys(list(pool.labels or []) + [pool.name]))
+    if pool.ephemeral:
+        jit = client.generate_jitconfig(
+            name=name, labels=labels, runner_group_id=pool.runner_group_id, **target
+        )
+        env = {"ACTIONS_RUNNER_INPUT_JITCONFIG": jit.encoded_jit_config}
+        return _Minted(create, pool, installation, name, env, jit.runner_id)
+    # SCHED-15: a non-ephemeral runner runs config.sh with a registration token.
+    token, _expires = client.registration_token(**target)
+    url_base = app.base_url.replace("api.github.com", "github.com")
+    env = {
+        "ZOOMIES_RUNNER_REGISTRATION_TOKEN": token,
+        "ZOOMIES_RUNNER_URL": f"{url_base}/{target.get('org') or target.get('repo')}",
+        "ZOOMIES_RUNNER_NAME": name,
+        "ZOOMIES_RUNNER_LABELS": ",".join(labels),
+    }
+    return _Minted(create, pool, installation, name, env, None)
+
+
+def _write_runner(minted: _Minted, image: str, now: datetime) -> Runner:
+    """The provisioning row and its create task, in one transaction (SCHED-16)."""
+    pool, create = minted.pool, minted.create
+    with transaction.atomic():
+        runner = Runner.objects.create(
+            name=minted.name,
+            pool=pool,
+            host_id=create.host_id,
+            installation=minted.installation,
+            state=RunnerState.PROVISIONING,
+            created_at=now,
+            state_changed_at=now,
+            github_runner_id=minted.github_runner_id,
+            image=image,
+            cpus=create.cpus,
+            memory_mb=create.memory_mb,
+            ephemeral=pool.ephemeral,
+            message=create.reason,
+        )
+        env = dict(minted.env)
+        if pool.backend == Pool.Backend.PROCESS and image == FAKE_RUNNER_IMAGE:
+            # The fake runner is this codebase's module; a host agent runs it from here.
+            env["PYTHONPATH"] = str(django_settings.BASE_DIR)
+        enqueue_task(
+            host_id=create.host_id,
+            runner_id=runner.pk,
+            kind=TaskKind.CREATE_RUNNER,
+            payload={
+                "runner_id": runner.pk,
+                "runner_name": runner.name,
+                "pool": pool.name,
+                "backend": pool.backend,
+                "image": image,
+                "command": runner_command(pool, image),
+                "env": env,
+                "cpus": create.cpus,
+                "memory_mb": create.memory_mb,
+                "dind": pool.dind,
+                "ephemeral": pool.ephemeral,
+            },
+            now=now,
+        )
+        from accounts import audit
+
+        audit.record(
+            actor=ACTOR,
+            action="runner.provisioning",
+            target=runner,
+            detail={"reason": create.reason, "placement": getattr(create, "placement", "")},
+            at=now,
+        )
+    return runner
+
+
+def apply_plan(plan: Plan, now: datetime) -> ApplyReport:
+    report = ApplyReport()
+    for fail in plan.fails:
+        runner = Runner.objects.filter(pk=fail.runner_id).first()
+        if runner and fail_runner(runner, now=now, actor=ACTOR, message=fail.reason).changed:
+            report.failed.append(fail.reason)
+    for drain in plan.drains:
+        runner = Runner.objects.filter(pk=drain.runner_id).first()
+        if runner and drain_runner(runner, now=now, actor=ACTOR, reason=drain.reason).changed:
+            report.drained.append(drain.reason)
+    report.demand.extend(d.reason for d in plan.demand)
+
+    pools = {p.pk: p for p in Pool.objects.filter(pk__in={c.pool_id for c in plan.creates})}
+    work = []
+    for create in plan.creates:
+        pool = pools.get(create.pool_id)
+        if pool is None:
+            continue
+        installation = installation_for(pool)
+        if installation is None:
+            report.skipped.append(f"{pool.name}: no GitHub installation to register runners in")
+            continue
+        work.append((create, pool, installation, create.image))
+    if not work:
+        return report
+    # PEERS 7: mint a burst concurrently, within a bounded number of connections.
+    with ThreadPoolExecutor(max_workers=min(JIT_MINT_CONCURRENCY, len(work))) as pool_exec:
+        futures = [(w, pool_exec.submit(_mint, *w)) for w in work]
+    host_ids = set()
+    for (create, pool, _inst, image), future in futures:
+        try:
+            minted = future.result()
+        except Exception as exc:  # a refused mint skips this create; the next pass retries
+            report.skipped.append(f"{pool.name}: could not mint a runner credential: {exc}")
+            log.warning("%s: could not mint a runner credential: %s", pool.name, exc)
+            continue
+        runner = _write_runner(minted, image, now)
+        host_ids.add(create.host_id)
+        report.created.append(f"{runner.name}: {create.reason}")
+    _notify_hosts(host_ids)
+    return report
+
+
+def _notify_hosts(host_ids: set[int]) -> None:
+    try:
+        from fleet.taskqueue import notify_host
+    except ImportError:
+        return
+    for host_id in host_ids:
+        notify_host(host_id)
+
+
+def reconcile_once(now: datetime) -> ApplyReport:
+    """One decide-and-apply, without the lease (callers hold it)."""
+    snapshot = build_snapshot(now)
+    plan = decide(snapshot)
+    report = apply_plan(plan, now)
+    for line in report.created + report.failed + report.drained + report.skipped:
+        log.info("reconcile: %s", line)
+    return report
+
+
+def holder_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def reconcile_now(now_fn=timezone.now, max_rounds: int = 5) -> list[ApplyReport] | None:
+    """Run passes under the reconcile lease; None when another holder has it (SCHED-27).
+
+    A wake that arrives while a pass runs marks the lease dirty, and the holder runs once
+    more, so wakes coalesce and none is lost.
+    """
+    holder = holder_name()
+    if not leases.acquire(LEASE_NAME, holder=holder, now=now_fn(), ttl=LEASE_TTL):
+        leases.mark_dirty(LEASE_NAME)
+        return None
+    reports = []
+    try:
+        for _ in range(max_rounds):
+            reports.append(reconcile_once(now_fn()))
+            if leases.release(LEASE_NAME, holder=holder):
+                return reports
+            leases.renew(LEASE_NAME, holder=holder, now=now_fn(), ttl=LEASE_TTL)
+    except BaseException:
+        leases.release(LEASE_NAME, holder=holder)
+        raise
+    leases.release(LEASE_NAME, holder=holder)
+    return reports

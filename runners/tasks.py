@@ -1,0 +1,18 @@
+"""django-q2 task entry points. Thin: each calls one function that takes `now`."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+
+def reconcile_task() -> int:
+    from runners.reconcile import reconcile_now
+
+    reports = reconcile_now()
+    return sum(len(r.created) for r in reports or [])
+
+
+def housekeeping_task() -> int:
+    from runners.housekeeping import housekeeping_step
+
+    return len(housekeeping_step(timezone.now()).lines)

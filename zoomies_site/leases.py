@@ -1,0 +1,64 @@
+"""Lease rows: one holder at a time for loops that must not run twice (STORE-07).
+
+A lease is taken with a compare-and-set, so the same code is correct on SQLite and on
+PostgreSQL with several worker processes. A wake that arrives while the lease is held marks
+it dirty; the holder sees that when it lets go and runs once more, so wakes coalesce.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+
+from zoomies_site.models import Lease
+
+
+def _ensure(name: str) -> None:
+    if not Lease.objects.filter(name=name).exists():
+        try:
+            with transaction.atomic():
+                Lease.objects.create(name=name)
+        except IntegrityError:
+            pass  # created by a concurrent caller
+
+
+def acquire(name: str, *, holder: str, now: datetime, ttl: timedelta) -> bool:
+    """Take the lease if it is free, expired, or already ours; True when held."""
+    _ensure(name)
+    taken = (
+        Lease.objects.filter(name=name)
+        .filter(Q(holder="") | Q(expires_at__lt=now) | Q(holder=holder))
+        .update(holder=holder, expires_at=now + ttl, acquired_at=now, dirty=False)
+    )
+    return bool(taken)
+
+
+def renew(name: str, *, holder: str, now: datetime, ttl: timedelta) -> bool:
+    return bool(Lease.objects.filter(name=name, holder=holder).update(expires_at=now + ttl))
+
+
+def mark_dirty(name: str) -> None:
+    _ensure(name)
+    Lease.objects.filter(name=name).update(dirty=True)
+
+
+def release(name: str, *, holder: str) -> bool:
+    """Let go unless a wake arrived meanwhile; returns True if released.
+
+    False means the lease was marked dirty while held: the dirty flag is cleared and the
+    caller still holds the lease and should run once more.
+    """
+    released = Lease.objects.filter(name=name, holder=holder, dirty=False).update(
+        holder="", expires_at=None
+    )
+    if released:
+        return True
+    Lease.objects.filter(name=name, holder=holder).update(dirty=False)
+    return not Lease.objects.filter(name=name, holder=holder).exists()
+
+
+def holder_of(name: str) -> tuple[str, datetime | None]:
+    row = Lease.objects.filter(name=name).values_list("holder", "expires_at").first()
+    return row if row else ("", None)
