@@ -1,0 +1,1 @@
+"""The capacity layer's admin (its models come with its own issue)."""

@@ -1,0 +1,66 @@
+"""Admin for installations, pools, runners, jobs and deliveries.
+
+Lifecycle fields are read-only here: state changes go through actions (STYLE point 1).
+"""
+
+from django.contrib import admin
+
+from runners.models import Installation, Job, Pool, Runner, WebhookDelivery
+
+
+@admin.register(Installation)
+class InstallationAdmin(admin.ModelAdmin):
+    list_display = ["account", "github_id", "kind", "active", "last_webhook_at", "standdown_until"]
+    readonly_fields = [
+        "last_webhook_at", "last_polled_at", "last_reaped_at", "standdown_until",
+        "standdown_reason", "created_at",
+    ]  # fmt: skip
+
+
+@admin.register(Pool)
+class PoolAdmin(admin.ModelAdmin):
+    list_display = ["name", "backend", "platform", "warm", "max_runners", "paused", "ephemeral"]
+    list_filter = ["backend", "paused", "ephemeral"]
+    search_fields = ["name"]
+
+
+@admin.register(Runner)
+class RunnerAdmin(admin.ModelAdmin):
+    list_display = ["name", "pool", "host", "state", "phase", "created_at", "message"]
+    list_filter = ["state", "pool"]
+    search_fields = ["name"]
+    readonly_fields = [
+        "name", "pool", "host", "installation", "state", "created_at", "state_changed_at",
+        "finished_at", "message", "phase", "github_runner_id", "image", "cpus", "memory_mb",
+        "ephemeral", "exit_code",
+    ]  # fmt: skip
+
+    def has_add_permission(self, request):
+        return False  # runners are created by the reconcile pass only
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ["github_id", "repository", "status", "conclusion", "runner_name", "created_at"]
+    list_filter = ["status", "source"]
+    search_fields = ["repository", "runner_name", "github_id"]
+    readonly_fields = [
+        "github_id", "run_id", "installation", "repository", "name", "labels", "status",
+        "conclusion", "runner", "runner_name", "fleet_failure", "created_at", "started_at",
+        "completed_at", "updated_at", "source",
+    ]  # fmt: skip
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):
+    list_display = ["delivery_id", "event", "action", "installation", "received_at"]
+    list_filter = ["event"]
+    readonly_fields = [
+        "delivery_id", "event", "action", "installation", "repository", "received_at",
+    ]  # fmt: skip
+
+    def has_add_permission(self, request):
+        return False

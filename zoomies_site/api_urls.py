@@ -1,0 +1,13 @@
+"""The REST API under /api/v1/ (the agent protocol has its own prefix)."""
+
+from django.urls import path
+
+from fleet.rest_api import HostList
+from runners.api import JobList, PoolList, RunnerList
+
+urlpatterns = [
+    path("pools", PoolList.as_view(), name="api-pools"),
+    path("runners", RunnerList.as_view(), name="api-runners"),
+    path("jobs", JobList.as_view(), name="api-jobs"),
+    path("hosts", HostList.as_view(), name="api-hosts"),
+]

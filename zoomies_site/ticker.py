@@ -1,0 +1,81 @@
+"""The controller's ticker: enqueues the periodic django-q2 tasks on time.
+
+django-q2's own schedules look only about every 30 s, so they are the slow safety net, not
+the clock (DESIGN.md). `step(now)` does one round and returns what it enqueued; the loop
+that calls it owns the clock, so tests move time instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+log = logging.getLogger("zoomies.controller")
+
+
+@dataclass
+class Periodic:
+    """One periodic job: a name, how often (read each round, so settings apply live), what."""
+
+    name: str
+    every: Callable[[], timedelta]
+    run: Callable[[datetime], None]
+    last: datetime | None = None
+
+
+@dataclass
+class Ticker:
+    jobs: list[Periodic] = field(default_factory=list)
+
+    def step(self, now: datetime) -> list[str]:
+        fired = []
+        for job in self.jobs:
+            if job.last is None or now - job.last >= job.every():
+                job.last = now
+                try:
+                    job.run(now)
+                except Exception:  # one failing job must not stop the others' clock
+                    log.exception("periodic %s failed", job.name)
+                fired.append(job.name)
+        return fired
+
+
+def enqueue(func: str, *args) -> None:
+    from django_q.tasks import async_task
+
+    async_task(func, *args, group=func.rsplit(".", 1)[-1], q_options={"timeout": 300})
+
+
+def default_ticker(started_at: datetime) -> Ticker:
+    from zoomies_site import registry
+
+    def every(key: str) -> Callable[[], timedelta]:
+        return lambda: registry.get(key)
+
+    return Ticker(
+        jobs=[
+            Periodic(
+                "reconcile",
+                every("scheduler.reconcile_interval"),
+                lambda now: enqueue("runners.tasks.reconcile_task"),
+            ),
+            Periodic(
+                "housekeeping",
+                every("housekeeping.tick"),
+                lambda now: enqueue("runners.tasks.housekeeping_task"),
+            ),
+            Periodic(
+                "poll",
+                every("github.poll_interval"),
+                lambda now: enqueue("runners.tasks.poll_task"),
+            ),
+            # The reap decides per installation whether it is due (POLL-10).
+            Periodic(
+                "reap",
+                lambda: timedelta(seconds=30),
+                lambda now: enqueue("runners.tasks.reap_task", started_at.isoformat()),
+            ),
+        ]
+    )
