@@ -13,6 +13,9 @@ echo "== ruff"
 echo "== django checks"
 $PY manage.py check
 $PY manage.py makemigrations --check --dry-run
+if [ -f ../shared/spec/CHECKLIST.md ]; then
+    $PY scripts/spec_coverage.py --check
+fi
 
 echo "== pytest on SQLite"
 $PY -m pytest "$@"
