@@ -178,13 +178,11 @@ class _Minted:
     github_runner_id: int | None
 
 
-def _mint(create, pool: Pool, installation: Installation, image: str) -> _Minted:
-    """Ask GitHub for the runner's credential: a JIT config, or a registration token."""
-    from runners.github.config import get_app
+def _mint(app, create, pool: Pool, installation: Installation, image: str) -> _Minted:
+    """Ask GitHub for the runner's credential: a JIT config, or a registration token.
 
-    app = get_app()
-    if app is None:
-        raise RuntimeError("no GitHub App is configured")
+    Runs in a worker thread: it touches no database, only the objects it was handed.
+    """
     name = naming.runner_name(pool.name, secrets.randbelow(10**6), secrets.token_hex(3))
     client = app.for_installation(installation.github_id)
     if pool.repository:
@@ -293,9 +291,15 @@ def apply_plan(plan: Plan, now: datetime) -> ApplyReport:
         work.append((create, pool, installation, create.image))
     if not work:
         return report
+    from runners.github.config import get_app
+
+    app = get_app()
+    if app is None:
+        report.skipped.append("no GitHub App is configured: no runner can be registered")
+        return report
     # PEERS 7: mint a burst concurrently, within a bounded number of connections.
     with ThreadPoolExecutor(max_workers=min(JIT_MINT_CONCURRENCY, len(work))) as pool_exec:
-        futures = [(w, pool_exec.submit(_mint, *w)) for w in work]
+        futures = [(w, pool_exec.submit(_mint, app, *w)) for w in work]
     host_ids = set()
     for (create, pool, _inst, image), future in futures:
         try:
@@ -331,7 +335,8 @@ def reconcile_once(now: datetime) -> ApplyReport:
 
 
 def holder_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """Unique per pass, so two threads of one process do not share the lease."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
 def reconcile_now(now_fn=timezone.now, max_rounds: int = 5) -> list[ApplyReport] | None:
