@@ -6,3 +6,11 @@ class ZoomiesSiteConfig(AppConfig):
 
     name = "zoomies_site"
     verbose_name = "Zoomies"
+
+    def ready(self) -> None:
+        from django.core import checks
+
+        from zoomies_site.checks import settings_findings
+
+        # An error finding stops startup (CONF-04).
+        checks.register(settings_findings, "zoomies")
