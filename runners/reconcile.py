@@ -24,8 +24,10 @@ from fleet.models import Host
 from fleet.states import HostHealth, TaskKind
 from fleet.taskqueue import enqueue_task
 from runners import naming
+from runners.github.errors import RateLimited
 from runners.lifecycle import drain_runner, fail_runner
 from runners.models import Installation, Job, Pool, Runner
+from runners.poller import stand_down, under_standdown
 from runners.scheduler import (
     HostView,
     JobView,
@@ -288,6 +290,13 @@ def apply_plan(plan: Plan, now: datetime) -> ApplyReport:
         if installation is None:
             report.skipped.append(f"{pool.name}: no GitHub installation to register runners in")
             continue
+        if under_standdown(installation, now):
+            # The stand-down belongs to the installation: minting spends the same quota.
+            report.skipped.append(
+                f"{pool.name}: installation {installation.account} is rate limited until "
+                f"{installation.standdown_until:%H:%M:%S}"
+            )
+            continue
         work.append((create, pool, installation, create.image))
     if not work:
         return report
@@ -301,9 +310,13 @@ def apply_plan(plan: Plan, now: datetime) -> ApplyReport:
     with ThreadPoolExecutor(max_workers=min(JIT_MINT_CONCURRENCY, len(work))) as pool_exec:
         futures = [(w, pool_exec.submit(_mint, app, *w)) for w in work]
     host_ids = set()
-    for (create, pool, _inst, image), future in futures:
+    for (create, pool, inst, image), future in futures:
         try:
             minted = future.result()
+        except RateLimited as exc:
+            until = stand_down(inst, exc, now=now, by="reconcile")
+            report.skipped.append(f"{pool.name}: rate limited by GitHub until {until:%H:%M:%S}")
+            continue
         except Exception as exc:  # a refused mint skips this create; the next pass retries
             report.skipped.append(f"{pool.name}: could not mint a runner credential: {exc}")
             log.warning("%s: could not mint a runner credential: %s", pool.name, exc)

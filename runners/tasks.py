@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.utils import timezone
 
 
@@ -16,3 +18,15 @@ def housekeeping_task() -> int:
     from runners.housekeeping import housekeeping_step
 
     return len(housekeeping_step(timezone.now()).lines)
+
+
+def poll_task() -> str:
+    from runners.poller import poll_step
+
+    return str(poll_step(timezone.now()))
+
+
+def reap_task(started_at: str) -> str:
+    from runners.reap import reap_step
+
+    return str(reap_step(timezone.now(), started_at=datetime.fromisoformat(started_at)))

@@ -1,0 +1,67 @@
+"""Fixtures for end-to-end tests: a fake GitHub in this process, a controller in a child."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from runners.github.fake import FakeGitHub
+from tests.e2e.harness import Controller, free_port
+
+
+def kill_leftovers(marker: str) -> None:
+    """Runner processes are detached on purpose (a stopping agent leaves them running);
+    the test that started them takes them away."""
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline and int(pid_dir.name) != os.getpid():
+            try:
+                os.kill(int(pid_dir.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def controller_port():
+    return free_port()
+
+
+@pytest.fixture
+def e2e(tmp_path, request):
+    """A controller plus a fake GitHub wired to each other; call `.start()` to run them."""
+    fake = FakeGitHub(webhook_url=None, webhook_secret="e2e-secret").start()
+    key = tmp_path / "app.pem"
+    key.write_text(fake.private_key_pem)
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    controller = Controller(
+        data_dir,
+        env={
+            "ZOOMIES_GITHUB_API_URL": fake.url,
+            "ZOOMIES_GITHUB_APP_ID": str(fake.app_id),
+            "ZOOMIES_GITHUB_PRIVATE_KEY_FILE": str(key),
+            "ZOOMIES_GITHUB_WEBHOOK_SECRETS": "e2e-secret",
+        },
+    )
+    fake.webhook_url = f"{controller.url}/webhooks/github"
+    yield controller, fake
+    controller.stop()
+    fake.stop()
+    kill_leftovers(str(data_dir))
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(controller.log())
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
