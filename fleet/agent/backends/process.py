@@ -1,0 +1,309 @@
+"""The process backend: each runner is a detached child process in a directory of its own.
+
+    <work_dir>/runners/<runner_id>/
+        meta.json    runner_id, runner_name, pool, argv, started_at, pid, proc_start_time
+        output.log   the runner's stdout and stderr
+        exit_code    written by the shim when the runner ends
+        work/        the runner's working directory
+
+The runner is started through process_shim in its own session, so it survives an agent
+restart and its exit code is still learned from the file (AGENT-23).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fleet.agent.backends.base import (
+    Backend,
+    BackendError,
+    Handle,
+    HostSize,
+    RunnerSpec,
+    Workload,
+    WorkloadExists,
+    WorkloadStatus,
+)
+from fleet.agent.backends.process_shim import (
+    EXIT_CODE_FILE,
+    OUTPUT_FILE,
+    SIGNAL_EXIT_BASE,
+    STOP_SIGNALS,
+    write_exit_code,
+)
+from fleet.agent.host import local_size, platform_name
+
+META_FILE = "meta.json"
+SHIM_MODULE = "fleet.agent.backends.process_shim"
+# The directory that holds the `fleet` package: the shim is started with it as its cwd so
+# `python -m` finds the module without a PYTHONPATH the runner would inherit.
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+# Never handed to a runner: the agent's own credentials.
+SECRET_ENV = ("ZOOMIES_JOIN_TOKEN",)
+KILL_WAIT = 5.0
+POLL_INTERVAL = 0.05
+
+
+def process_identity(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, int] | None:
+    """(state, start time in clock ticks since boot) from /proc/<pid>/stat, or None."""
+    try:
+        raw = (proc_root / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # comm (field 2) may hold spaces and parentheses; everything after the last ")" is fixed.
+    fields = raw.rpartition(")")[2].split()
+    try:
+        return fields[0], int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+class ProcessBackend(Backend):
+    """Runs each runner's command as a child process under `<work_dir>/runners/`."""
+
+    name = "process"
+
+    def __init__(
+        self,
+        work_dir: Path | str,
+        *,
+        python: str = sys.executable,
+        base_env: Mapping[str, str] | None = None,
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
+        proc_root: Path = Path("/proc"),
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self.runners_dir = self.work_dir / "runners"
+        self.python = python
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        for key in SECRET_ENV:
+            self.base_env.pop(key, None)
+        self.cgroup_root = cgroup_root
+        self.proc_root = proc_root
+        # Shims this process started: polled so they do not linger as zombies.
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+
+    # -- the interface --------------------------------------------------------------------
+
+    def create(self, spec: RunnerSpec) -> Handle:
+        if not spec.command:
+            raise BackendError(
+                "the process backend runs a command, and the create_runner payload has none"
+            )
+        executable = spec.command[0]
+        if shutil.which(executable) is None:
+            raise BackendError(f"cannot run {executable!r}: not found or not executable")
+        run_dir = self.run_dir(spec.runner_id)
+        with self._lock:
+            if (run_dir / META_FILE).exists():
+                raise WorkloadExists(f"runner {spec.runner_id} already has a process")
+            if run_dir.exists():
+                # A create that died before its meta.json: nothing was started from it.
+                shutil.rmtree(run_dir)
+            run_dir.mkdir(parents=True, mode=0o700)
+            (run_dir / "work").mkdir()
+            meta: dict[str, Any] = {
+                "runner_id": spec.runner_id,
+                "runner_name": spec.runner_name,
+                "pool": spec.pool,
+                "argv": list(spec.command),
+                "started_at": time.time(),
+                "pid": None,
+                "proc_start_time": None,
+            }
+            _write_json(run_dir / META_FILE, meta)
+            env = {**self.base_env, **spec.env}
+            # The shim inherits this thread's signal mask: with the stop signals blocked until
+            # its handler is in place, a stop right after the create cannot kill it unrecorded.
+            previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                with open(run_dir / OUTPUT_FILE, "ab") as log:
+                    child = subprocess.Popen(
+                        [self.python, "-m", SHIM_MODULE, str(run_dir), "--", *spec.command],
+                        cwd=PACKAGE_ROOT,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        close_fds=True,
+                    )
+            except OSError as exc:
+                shutil.rmtree(run_dir, ignore_errors=True)
+                raise BackendError(f"cannot start the runner's supervisor: {exc}") from exc
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+            # Readable even if the shim already ended: an unreaped child stays in /proc.
+            identity = process_identity(child.pid, self.proc_root)
+            meta["pid"] = child.pid
+            meta["proc_start_time"] = identity[1] if identity else None
+            _write_json(run_dir / META_FILE, meta)
+            self._children[spec.runner_id] = child
+        return Handle(runner_id=spec.runner_id, ref=str(run_dir))
+
+    def inspect(self, runner_id: int) -> Workload:
+        run_dir = self.run_dir(runner_id)
+        with self._lock:
+            # Under the create's lock, so a half-made runner (meta.json without its pid yet)
+            # is never read as one that exited.
+            meta = _read_meta(run_dir)
+        if meta is None:
+            return Workload(runner_id=runner_id, status=WorkloadStatus.MISSING)
+        self._reap(runner_id)
+        code = _read_exit_code(run_dir)
+        if code is None and self._alive(meta):
+            status = WorkloadStatus.RUNNING
+        else:
+            status = WorkloadStatus.EXITED
+            # Read again: the shim may have written it between the first read and the check.
+            code = _read_exit_code(run_dir) if code is None else code
+        return Workload(
+            runner_id=runner_id,
+            status=status,
+            exit_code=code,
+            runner_name=meta.get("runner_name"),
+            pool=meta.get("pool"),
+            started_at=meta.get("started_at"),
+            log_ref=str(run_dir / OUTPUT_FILE),
+        )
+
+    def list(self) -> list[Workload]:
+        try:
+            entries = sorted(self.runners_dir.iterdir())
+        except FileNotFoundError:
+            return []
+        workloads = []
+        for entry in entries:
+            if entry.is_dir() and entry.name.isdigit():
+                workload = self.inspect(int(entry.name))
+                if workload.status != WorkloadStatus.MISSING:
+                    workloads.append(workload)
+        return workloads
+
+    def stop(self, runner_id: int, timeout: float) -> None:
+        run_dir = self.run_dir(runner_id)
+        meta = _read_meta(run_dir)
+        if meta is None or not self._alive(meta):
+            return
+        self._signal_group(meta, signal.SIGTERM)
+        if self._wait_gone(runner_id, meta, timeout):
+            # The shim has written the runner's exit code; this only covers a shim that died.
+            write_exit_code(run_dir, SIGNAL_EXIT_BASE + signal.SIGTERM, only_if_missing=True)
+            return
+        self._signal_group(meta, signal.SIGKILL)
+        self._wait_gone(runner_id, meta, KILL_WAIT)
+        # SIGKILL took the shim too, so nobody else will write the file.
+        write_exit_code(run_dir, SIGNAL_EXIT_BASE + signal.SIGKILL, only_if_missing=True)
+
+    def remove(self, runner_id: int) -> None:
+        run_dir = self.run_dir(runner_id)
+        meta = _read_meta(run_dir)
+        if meta is not None and self._alive(meta):
+            self._signal_group(meta, signal.SIGKILL)
+            if not self._wait_gone(runner_id, meta, KILL_WAIT):
+                raise BackendError(f"runner {runner_id}'s process did not die after SIGKILL")
+        self._reap(runner_id)
+        try:
+            shutil.rmtree(run_dir)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise BackendError(f"cannot delete {run_dir}: {exc}") from exc
+        with self._lock:
+            self._children.pop(runner_id, None)
+
+    def logs(self, runner_id: int) -> bytes:
+        try:
+            return (self.run_dir(runner_id) / OUTPUT_FILE).read_bytes()
+        except FileNotFoundError:
+            return b""
+
+    def probe(self) -> HostSize:
+        cpus, memory_mb = local_size(self.cgroup_root, self.proc_root)
+        return HostSize(cpus=cpus, memory_mb=memory_mb, platform=platform_name())
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def run_dir(self, runner_id: int) -> Path:
+        return self.runners_dir / str(int(runner_id))
+
+    def _alive(self, meta: dict[str, Any]) -> bool:
+        """The shim recorded in meta.json is still running; a reused pid does not count."""
+        pid = meta.get("pid")
+        if not isinstance(pid, int):
+            return False
+        identity = process_identity(pid, self.proc_root)
+        if identity is None:
+            return False
+        state, started = identity
+        if meta.get("proc_start_time") is not None and started != meta["proc_start_time"]:
+            return False
+        return state not in ("Z", "X", "x")
+
+    def _signal_group(self, meta: dict[str, Any], signum: int) -> None:
+        # Only while the shim is alive: its pid is then certainly still our group's id.
+        if not self._alive(meta):
+            return
+        try:
+            os.killpg(int(meta["pid"]), signum)
+        except ProcessLookupError:
+            pass
+        except PermissionError as exc:
+            raise BackendError(f"cannot signal runner {meta.get('runner_id')}: {exc}") from exc
+
+    def _wait_gone(self, runner_id: int, meta: dict[str, Any], timeout: float) -> bool:
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            self._reap(runner_id)
+            if not self._alive(meta):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_INTERVAL)
+
+    def _reap(self, runner_id: int) -> None:
+        with self._lock:
+            child = self._children.get(runner_id)
+            if child is not None and child.poll() is not None:
+                del self._children[runner_id]
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _read_meta(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((run_dir / META_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _read_exit_code(run_dir: Path) -> int | None:
+    try:
+        return int((run_dir / EXIT_CODE_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
