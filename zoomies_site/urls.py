@@ -10,4 +10,5 @@ urlpatterns = [
     path("api/v1/agent/", include("fleet.urls")),
     path("api/v1/", include("zoomies_site.api_urls")),
     path("healthz", healthz, name="healthz"),
+    path("", include("runners.urls")),
 ]

@@ -1,0 +1,190 @@
+"""The registration reap (spec "Reconciliation invariants", reapInterval; POLL-08..11).
+
+GitHub's list of self-hosted runners is compared with our rows `github.reap_first_after`
+(1 min) after the process started and every `github.reap_interval` (10 min) after that,
+per installation. A registration is an orphan, and is deleted, only when all of these hold
+(POLL-11):
+
+* its name has the `zoomies-` prefix (no other registration is ever touched);
+* GitHub does not report it busy (and a delete GitHub answers "busy", 422, is left alone:
+  PEERS.md point 3);
+* no live runner row (any state but failed or removed) explains it, by name or by GitHub
+  runner id.
+
+Nothing is deleted for a target whose list call did not succeed (PEERS.md point 4). The reap
+honours an installation's rate-limit stand-down, and the first refusal it meets stops that
+installation's work at once and sets the stand-down exactly as the poller does (POLL-08,
+POLL-09); the other installations carry on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db.models import Q
+
+from accounts import audit
+from runners.github.errors import GitHubError, RateLimited
+from runners.models import Installation, Runner
+from runners.naming import PREFIX
+from runners.poller import stand_down, under_standdown
+from runners.states import LIVE_STATES
+
+log = logging.getLogger("zoomies.reap")
+
+ACTOR = "system:reap"
+Clock = Callable[[], float]
+
+
+def _registry(key: str):
+    from zoomies_site import registry
+
+    return registry.get(key)
+
+
+def reap_due(installation: Installation, now: datetime, started_at: datetime) -> bool:
+    """POLL-10: first at `started_at + reap_first_after`, then every `reap_interval`.
+
+    A `last_reaped_at` from before this process started does not count: after a restart the
+    first comparison is again a minute in.
+    """
+    if now < started_at + _registry("github.reap_first_after"):
+        return False
+    last = installation.last_reaped_at
+    if last is None or last < started_at:
+        return True
+    return now >= last + _registry("github.reap_interval")
+
+
+@dataclass
+class ReapReport:
+    """What one reap step did. Installations by GitHub installation id."""
+
+    configured: bool = True
+    checked: list[int] = field(default_factory=list)
+    not_due: list[int] = field(default_factory=list)
+    skipped_standdown: list[int] = field(default_factory=list)
+    stood_down: dict[int, datetime] = field(default_factory=dict)
+    deleted: list[str] = field(default_factory=list)
+    kept_busy: list[str] = field(default_factory=list)
+    kept_explained: list[str] = field(default_factory=list)
+    kept_foreign: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    errors: dict[int, list[str]] = field(default_factory=dict)
+
+
+def _targets(installation: Installation, client) -> list[dict[str, str]]:
+    """Where this installation's registrations live: the organisation, or each repository."""
+    if installation.kind == Installation.Kind.ORG:
+        return [{"org": installation.account}]
+    if installation.kind == Installation.Kind.REPO:
+        repos = [r for r in (installation.repositories or []) if isinstance(r, str) and "/" in r]
+        return [{"repo": r} for r in (repos or client.repositories())]
+    return []  # enterprise-level runners are not managed yet
+
+
+def _explained(name: str, runner_id: object) -> bool:
+    """A live runner row that accounts for this registration."""
+    match = Q(name=name)
+    if isinstance(runner_id, int):
+        match |= Q(github_runner_id=runner_id)
+    return Runner.objects.filter(match, state__in=LIVE_STATES).exists()
+
+
+def _reap_target(client, target: dict[str, str], report: ReapReport, gid: int) -> None:
+    """List one target's registrations and delete its orphans. RateLimited propagates."""
+    where = next(iter(target.values()))
+    registrations = client.list_runners(**target)
+    # Rows are read after the list, so a runner written while the list was in flight counts.
+    for reg in registrations:
+        if not isinstance(reg, dict):
+            continue
+        name, runner_id = reg.get("name"), reg.get("id")
+        label = f"{where}:{name}"
+        if not isinstance(name, str) or not name.startswith(PREFIX):
+            report.kept_foreign.append(label)
+            continue
+        if reg.get("busy") is not False:
+            report.kept_busy.append(label)
+            continue
+        if _explained(name, runner_id) or not isinstance(runner_id, int):
+            report.kept_explained.append(label)
+            continue
+        try:
+            answer = client.delete_runner(**target, runner_id=runner_id)
+        except RateLimited:
+            raise
+        except GitHubError as exc:
+            report.errors.setdefault(gid, []).append(str(exc))
+            continue
+        if answer == "busy":
+            report.kept_busy.append(label)
+        elif answer == "gone":
+            report.gone.append(label)
+        else:
+            report.deleted.append(label)
+            audit.record(
+                actor=ACTOR,
+                action="github.registration_deleted",
+                detail={
+                    "installation": gid,
+                    "target": where,
+                    "name": name,
+                    "github_runner_id": runner_id,
+                    "why": "zoomies- registration, not busy, no live runner row explains it",
+                },
+            )
+            log.info("reap: deleted orphan registration %s (id %s) at %s", name, runner_id, where)
+
+
+def reap_step(
+    now: datetime,
+    *,
+    started_at: datetime,
+    app=None,
+    clock: Clock | None = None,
+) -> ReapReport:
+    """One reap over every active installation that is due (POLL-08..11).
+
+    `started_at` is when this process started (the first reap waits reap_first_after from
+    it); `clock` is the GitHub client's clock, for the stand-down arithmetic, as in the
+    poller. `last_reaped_at` is stamped on every attempt, answered or not, so a GitHub that
+    is down is asked again one interval later rather than on every tick.
+    """
+    report = ReapReport()
+    if app is None:
+        from runners.github.config import get_app
+
+        app = get_app()
+    if app is None:
+        report.configured = False
+        return report
+    for installation in Installation.objects.filter(active=True).order_by("pk"):
+        gid = installation.github_id
+        if not reap_due(installation, now, started_at):
+            report.not_due.append(gid)
+            continue
+        if under_standdown(installation, now):
+            report.skipped_standdown.append(gid)  # POLL-08: the hold is the installation's
+            continue
+        Installation.objects.filter(pk=installation.pk).update(last_reaped_at=now)
+        report.checked.append(gid)
+        client = app.for_installation(gid)
+        try:
+            for target in _targets(installation, client):
+                try:
+                    _reap_target(client, target, report, gid)
+                except RateLimited:
+                    raise
+                except GitHubError as exc:
+                    # This target's list or a delete failed; the other targets are unaffected.
+                    report.errors.setdefault(gid, []).append(str(exc))
+        except RateLimited as exc:
+            # POLL-09: every remaining call would be refused the same way; stop here.
+            report.stood_down[gid] = stand_down(installation, exc, now=now, by="reap", clock=clock)
+        except GitHubError as exc:  # client.repositories() for a repo installation
+            report.errors.setdefault(gid, []).append(str(exc))
+    return report
