@@ -57,7 +57,7 @@ class Controller:
             "ZOOMIES_DB": str(data_dir / "zoomies.db"),
             "ZOOMIES_HOUSEKEEPING_TICK": "2s",
             "ZOOMIES_SCHEDULER_RECONCILE_INTERVAL": "1s",
-            "ZOOMIES_GITHUB_POLL_INTERVAL": "2s",
+            "ZOOMIES_GITHUB_POLL_INTERVAL": "5s",
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
