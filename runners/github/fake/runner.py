@@ -83,7 +83,7 @@ def decode_jit_config(encoded: str) -> JitConfig:
     except ConfigError:
         raise
     except (binascii.Error, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"unreadable JIT config: {exc.__class__.__name__}") from None
+        raise ConfigError(f"unreadable JIT config ({exc.__class__.__name__}: {exc})") from None
 
 
 def read_jit_config(argv: Sequence[str], environ: MutableMapping[str, str]) -> str | None:

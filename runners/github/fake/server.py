@@ -574,7 +574,13 @@ class FakeGitHub:
     def set_delivery(
         self, drop: bool = False, duplicate: bool = False, reorder: bool = False, delay: float = 0.0
     ) -> None:
-        """How outgoing webhooks behave from now on (see the class docstring of the modes)."""
+        """How deliveries made from now on behave.
+
+        drop: record each as attempted with status_code None and send nothing. duplicate:
+        send each twice with the same X-GitHub-Delivery. reorder: hold a job's deliveries
+        and send them newest first once it completes (so `completed` arrives first).
+        delay: wait this many seconds (real time, it stands for latency) before sending.
+        """
         with self._lock:
             self._delivery_mode = {
                 "drop": bool(drop),
@@ -1212,7 +1218,7 @@ class FakeGitHub:
     def _delete_runner(self, req: _Request) -> _Response:
         runner = self._scoped_runner(req)
         if runner.job_id is not None:
-            raise _Error(422, f'Bad request - Runner "{runner.name}" is still running a job"')
+            raise _Error(422, f'Bad request - Runner "{runner.name}" is still running a job')
         self._remove_runner(runner)
         return _Response(204)
 
