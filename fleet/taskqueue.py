@@ -1,15 +1,27 @@
 """The agent task queue: rows with leases (DESIGN.md), delivered at least once.
 
 `enqueue_task` is called inside the caller's transaction, so a runner row and its create
-task commit together (SCHED-16).
+task commit together (SCHED-16). `take_tasks` hands a host its pending tasks under a lease;
+`sweep_tasks` puts a task whose lease ended back on the queue, at most `max_attempts`
+offers in all (TASK-02, TASK-04). Every move is a compare-and-set on the task's state.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+import logging
+from datetime import datetime, timedelta
 
-from fleet.models import AgentTask
+from django.db import transaction
+from django.db.models import F
+
+from accounts import audit
+from fleet.models import AgentTask, Host
 from fleet.states import TaskKind, TaskState
+from runners.states import RunnerState
+
+log = logging.getLogger("zoomies.fleet")
+
+SWEEP_ACTOR = "system:housekeeping"
 
 # TASK-03: which registry entry holds each kind's lease.
 LEASE_SETTING = {
@@ -17,6 +29,10 @@ LEASE_SETTING = {
     TaskKind.STOP_RUNNER: "tasks.stop_lease",
     TaskKind.REMOVE_RUNNER: "tasks.remove_lease",
 }
+
+# AGENT-06 (the controller's half): a create for a runner in one of these states would
+# start a workload nobody wants, so it is cancelled instead of delivered.
+SKIP_CREATE_FOR = frozenset({RunnerState.DRAINING, RunnerState.FAILED, RunnerState.REMOVED})
 
 
 def lease_for(kind: str):
@@ -30,7 +46,7 @@ def enqueue_task(
 ) -> AgentTask:
     from zoomies_site import registry
 
-    return AgentTask.objects.create(
+    task = AgentTask.objects.create(
         host_id=host_id,
         runner_id=runner_id,
         kind=kind,
@@ -41,3 +57,129 @@ def enqueue_task(
         lease_seconds=int(lease_for(kind).total_seconds()),
         created_at=now,
     )
+    notify_host_on_commit(host_id)
+    return task
+
+
+def notify_host_on_commit(host_id: int) -> None:
+    """Wake this process's polls for `host_id` once the task is visible to them."""
+    from fleet.wakeups import notify_host
+
+    transaction.on_commit(lambda: notify_host(host_id))
+
+
+def take_tasks(host: Host | int, now: datetime, limit: int = 10) -> list[AgentTask]:
+    """Put up to `limit` of the host's pending tasks in flight, oldest first, and return them.
+
+    Each delivery is stamped: attempt + 1, `taken_at`, and a lease deadline from the task's
+    own lease. The move is a compare-and-set from pending, so two polls racing for one
+    host never both take a task.
+    """
+    host_id = host if isinstance(host, int) else host.pk
+    pending = AgentTask.objects.filter(host_id=host_id, state=TaskState.PENDING)
+    # A cheap read first: an idle host's poll must not take the write lock every time.
+    candidates = list(
+        pending.select_related("runner").order_by("created_at", "pk")[: max(limit, 0)]
+    )
+    if not candidates:
+        return []
+    taken: list[int] = []
+    with transaction.atomic():
+        for task in candidates:
+            runner = task.runner
+            if task.kind == TaskKind.CREATE_RUNNER and runner and runner.state in SKIP_CREATE_FOR:
+                _cancel_pending(task, now, f"its runner is {runner.state}")
+                continue
+            moved = AgentTask.objects.filter(pk=task.pk, state=TaskState.PENDING).update(
+                state=TaskState.IN_FLIGHT,
+                attempt=F("attempt") + 1,
+                taken_at=now,
+                lease_deadline=now + timedelta(seconds=task.lease_seconds),
+            )
+            if moved:
+                taken.append(task.pk)
+    if not taken:
+        return []
+    return list(AgentTask.objects.filter(pk__in=taken).order_by("created_at", "pk"))
+
+
+def _cancel_pending(task: AgentTask, now: datetime, why: str) -> bool:
+    cancelled = AgentTask.objects.filter(pk=task.pk, state=TaskState.PENDING).update(
+        state=TaskState.CANCELLED, finished_at=now, error=why
+    )
+    if cancelled:
+        audit.record(
+            actor="system:taskqueue",
+            action="task.cancelled",
+            target=task,
+            detail={"kind": task.kind, "runner": task.runner_id, "reason": why},
+            at=now,
+        )
+    return bool(cancelled)
+
+
+def sweep_tasks(now: datetime) -> list[str]:
+    """Re-queue or abandon every in-flight task whose lease has ended; say what was done.
+
+    TASK-02: back on its host's queue while it has offers left. TASK-04: after
+    `max_attempts` offers it is abandoned. TASK-05: an abandoned stop fails its runner,
+    since nothing else would notice it. TASK-06: an abandoned create is left to the
+    runner's provision timeout, which explains it on the Runners page.
+    """
+    reasons: list[str] = []
+    expired = (
+        AgentTask.objects.filter(state=TaskState.IN_FLIGHT, lease_deadline__lte=now)
+        .select_related("host", "runner")
+        .order_by("lease_deadline", "pk")
+    )
+    for task in expired:
+        reason = _sweep_one(task, now)
+        if reason:
+            reasons.append(reason)
+    return reasons
+
+
+def _sweep_one(task: AgentTask, now: datetime) -> str | None:
+    # Imported here: runners.lifecycle imports this module to enqueue its tasks.
+    from runners.lifecycle import fail_runner
+
+    label = f"{task.kind} #{task.pk} for host {task.host.name}"
+    with transaction.atomic():
+        expired = AgentTask.objects.filter(
+            pk=task.pk, state=TaskState.IN_FLIGHT, attempt=task.attempt, lease_deadline__lte=now
+        )
+        if task.attempt < task.max_attempts:
+            if not expired.update(state=TaskState.PENDING, lease_deadline=None):
+                return None  # its result arrived meanwhile
+            reason = f"{label}: lease ended without a result; offered again ({task.attempt + 1})"
+            audit.record(
+                actor=SWEEP_ACTOR,
+                action="task.requeued",
+                target=task,
+                detail={"kind": task.kind, "attempt": task.attempt, "reason": reason},
+                at=now,
+            )
+            notify_host_on_commit(task.host_id)
+            return reason
+        error = f"no result after {task.attempt} offers"
+        if not expired.update(
+            state=TaskState.ABANDONED, lease_deadline=None, finished_at=now, error=error
+        ):
+            return None
+        reason = f"{label}: abandoned, {error}"
+        audit.record(
+            actor=SWEEP_ACTOR,
+            action="task.abandoned",
+            target=task,
+            detail={"kind": task.kind, "attempt": task.attempt, "reason": reason},
+            at=now,
+        )
+        if task.kind == TaskKind.STOP_RUNNER and task.runner is not None:
+            message = f"host never confirmed the stop after {task.attempt} attempts"
+            result = fail_runner(task.runner, now=now, actor=SWEEP_ACTOR, message=message)
+            if result.changed:
+                reason += f"; runner {task.runner.name} failed: {message}"
+        elif task.kind == TaskKind.CREATE_RUNNER:
+            reason += "; left to the runner's provision timeout"
+    log.info("task sweep: %s", reason)
+    return reason

@@ -1,0 +1,56 @@
+"""The fleet in the Django admin: lists load, lifecycle fields are read-only, no hand-made
+tasks or machines, and a cordon goes through the action (with its audit row).
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.sites import site
+
+from accounts.models import AuditLog
+from fleet.models import AgentTask, Host, JoinToken, Machine
+from tests.fleet.conftest import join, make_runner
+
+pytestmark = pytest.mark.usefixtures("fleet_registry")
+
+
+@pytest.mark.django_db
+def test_the_fleet_admin_lists_load_and_guard_lifecycle_fields(client, admin_user):
+    host, _ = join("h1")
+    runner = make_runner(host)
+    AgentTask.objects.create(
+        host=host,
+        runner=runner,
+        kind="create_runner",
+        lease_seconds=1200,
+        created_at=host.joined_at,
+    )
+    client.force_login(admin_user)
+    for model in (Host, JoinToken, AgentTask, Machine):
+        url = f"/admin/fleet/{model._meta.model_name}/"
+        assert client.get(url).status_code == 200, url
+    assert client.get(f"/admin/fleet/host/{host.pk}/change/").status_code == 200
+    host_admin = site._registry[Host]
+    for field in ("health", "cordoned", "agent_token_hash", "last_heartbeat_at"):
+        assert field in host_admin.readonly_fields
+    task_admin = site._registry[AgentTask]
+    for field in ("state", "attempt", "lease_deadline"):
+        assert field in task_admin.readonly_fields
+    assert "state" in site._registry[Machine].readonly_fields
+    assert "token_hash" in site._registry[JoinToken].readonly_fields
+    request = type("R", (), {"user": admin_user})()
+    assert not task_admin.has_add_permission(request)
+    assert not site._registry[Machine].has_add_permission(request)
+
+
+@pytest.mark.django_db
+def test_cordoning_from_the_admin_goes_through_the_action(client, admin_user):
+    host, _ = join("h1")
+    client.force_login(admin_user)
+    answer = client.post(
+        "/admin/fleet/host/", {"action": "cordon", "_selected_action": [host.pk]}, follow=True
+    )
+    assert answer.status_code == 200
+    host.refresh_from_db()
+    assert host.cordoned
+    assert AuditLog.objects.filter(action="host.cordon", actor="user:ada").exists()

@@ -1,0 +1,120 @@
+"""The silence ladder on a moved clock: late, unhealthy at 90 s (HOST-03), lost at 5 min
+with its live runners failed and a running job marked the fleet's failure (HOST-04).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from accounts.models import AuditLog
+from fleet import actions
+from fleet.health import check_host_health, housekeeping_step
+from fleet.models import Host
+from fleet.selectors import hosts_for_scheduling
+from runners.models import Job
+from tests.fleet.conftest import T0, join, later, make_runner
+
+pytestmark = pytest.mark.usefixtures("fleet_registry")
+
+
+def health(host: Host) -> str:
+    host.refresh_from_db()
+    return host.health
+
+
+@pytest.mark.django_db
+def test_host03_healthy_at_89_seconds_unhealthy_at_91():
+    host, _ = join("h1")
+    actions.record_heartbeat(host=host, facts={}, now=T0)
+    assert check_host_health(later(89)) == []
+    assert health(host) == "healthy"
+    assert [h.name for h in hosts_for_scheduling()] == ["h1"]
+    assert check_host_health(later(91)) == ["host h1 unhealthy: no heartbeat for 1m31s"]
+    assert health(host) == "unhealthy"
+    assert list(hosts_for_scheduling()) == []  # no new runners on it
+    assert check_host_health(later(92)) == []  # idempotent
+    assert AuditLog.objects.filter(action="host.unhealthy", actor="system:housekeeping").exists()
+
+
+@pytest.mark.django_db
+def test_host03_silence_counts_from_the_join_when_there_was_no_heartbeat():
+    host, _ = join("h1")
+    assert host.last_heartbeat_at is None
+    assert check_host_health(later(89)) == []
+    assert check_host_health(later(91))
+    assert health(host) == "unhealthy"
+
+
+@pytest.mark.django_db
+def test_host04_lost_after_five_minutes_fails_live_runners_and_marks_a_running_job():
+    host, _ = join("h1")
+    other, _ = join("h2")
+    actions.record_heartbeat(host=host, facts={}, now=T0)
+    busy = make_runner(host, "busy")
+    idle = make_runner(host, "idle")
+    ended = make_runner(host, "removed")
+    elsewhere = make_runner(other, "idle")
+    job = Job.objects.create(
+        github_id=7,
+        repository="acme/app",
+        status="in_progress",
+        runner=busy,
+        runner_name=busy.name,
+        created_at=T0,
+        updated_at=T0,
+    )
+    done_job = Job.objects.create(
+        github_id=8,
+        repository="acme/app",
+        status="completed",
+        conclusion="success",
+        runner=idle,
+        runner_name=idle.name,
+        created_at=T0,
+        updated_at=T0,
+    )
+    actions.record_heartbeat(host=other, facts={}, now=later(minutes=5))
+
+    assert check_host_health(later(minutes=4, seconds=59)) == [
+        "host h1 unhealthy: no heartbeat for 4m59s"
+    ]
+    assert busy.__class__.objects.get(pk=busy.pk).state == "busy"
+
+    reasons = check_host_health(later(minutes=5, seconds=1))
+    assert reasons[0] == "host h1 lost: no heartbeat for 5m1s"
+    assert health(host) == "lost"
+    message = "host h1 lost: no heartbeat for 5m"
+    for runner in (busy, idle):
+        runner.refresh_from_db()
+        assert (runner.state, runner.message) == ("failed", message)
+        assert f"runner {runner.name} failed: {message}" in reasons
+    ended.refresh_from_db()
+    elsewhere.refresh_from_db()
+    assert (ended.state, elsewhere.state) == ("removed", "idle")
+    job.refresh_from_db()
+    done_job.refresh_from_db()
+    assert job.fleet_failure == "its runner's host was lost"
+    assert done_job.fleet_failure == ""
+    # Idempotent: the next tick changes nothing.
+    assert check_host_health(later(minutes=5, seconds=31)) == []
+    assert health(other) == "healthy"
+
+
+@pytest.mark.django_db
+def test_host04_a_healthy_host_silent_past_five_minutes_goes_straight_to_lost():
+    host, _ = join("h1")
+    runner = make_runner(host, "provisioning")
+    reasons = check_host_health(later(minutes=6))
+    assert health(host) == "lost"
+    assert any(r.startswith(f"runner {runner.name} failed") for r in reasons)
+    # A lost host that heartbeats again is healthy; its failed runners stay failed.
+    actions.record_heartbeat(host=host, facts={}, now=later(minutes=7))
+    assert health(host) == "healthy"
+    runner.refresh_from_db()
+    assert runner.state == "failed"
+
+
+@pytest.mark.django_db
+def test_housekeeping_step_runs_the_ladder_and_the_task_sweep():
+    host, _ = join("h1")
+    assert housekeeping_step(later(minutes=2)) == ["host h1 unhealthy: no heartbeat for 2m"]

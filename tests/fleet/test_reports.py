@@ -1,0 +1,140 @@
+"""Runner reports: registering, then phases, then the end (RUN-15); a running phase makes a
+registering runner idle and never busy (RUN-16); a host speaks only for its own runners
+(RUN-18); an ended runner's report is accepted so the agent may clean up (AGENT-18).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet import actions
+from fleet.models import AgentTask
+from runners.models import Runner
+from tests.fleet.conftest import T0, join, later, make_runner
+
+pytestmark = pytest.mark.usefixtures("fleet_registry")
+
+
+def report(agent_api, token: str, *reports: dict) -> dict:
+    answer = agent_api.post("reports", {"reports": list(reports)}, token=token)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run15_16_registering_running_removed_moves_provisioning_registering_idle_removed(
+    agent_api,
+):
+    """RUN-15, RUN-16: the agent's reports walk the row; a running phase never makes it busy."""
+    host, token = join("h1")
+    runner = make_runner(host, "provisioning")
+    seen = []
+
+    def state() -> str:
+        runner.refresh_from_db()
+        return runner.state
+
+    body = report(agent_api, token, {"runner_id": runner.pk, "state": "registering"})
+    assert body == {"accepted": [runner.pk], "refused": []}
+    seen.append(state())
+    report(agent_api, token, {"runner_id": runner.pk, "state": None, "phase": "running"})
+    seen.append(state())
+    assert runner.phase == "running"
+    # Reported again, the running phase changes nothing: only GitHub makes a runner busy.
+    report(agent_api, token, {"runner_id": runner.pk, "phase": "running"})
+    seen.append(state())
+    report(
+        agent_api,
+        token,
+        {"runner_id": runner.pk, "state": "removed", "phase": "exited", "exit_code": 0},
+    )
+    seen.append(state())
+    assert seen == ["registering", "idle", "idle", "removed"]
+    assert (runner.phase, runner.exit_code) == ("exited", 0)
+    assert runner.finished_at is not None
+
+
+@pytest.mark.django_db
+def test_run16_a_running_phase_never_moves_an_idle_or_busy_runner():
+    host, _ = join("h1")
+    busy = make_runner(host, "busy")
+    idle = make_runner(host, "idle")
+    provisioning = make_runner(host, "provisioning")
+    for runner in (busy, idle, provisioning):
+        actions.apply_reports(
+            host=host, reports=[{"runner_id": runner.pk, "phase": "running"}], now=later(5)
+        )
+        before = runner.state
+        runner.refresh_from_db()
+        assert runner.state == before
+
+
+@pytest.mark.django_db
+def test_run15_a_failed_end_stores_the_message_and_exit_code():
+    host, _ = join("h1")
+    runner = make_runner(host, "idle")
+    AgentTask.objects.create(
+        host=host, runner=runner, kind="stop_runner", lease_seconds=600, created_at=T0
+    )
+    accepted, refused = actions.apply_reports(
+        host=host,
+        reports=[
+            {
+                "runner_id": runner.pk,
+                "state": "failed",
+                "phase": "exited",
+                "exit_code": 3,
+                "message": "Runner.Listener exited with code 3",
+            }
+        ],
+        now=later(9),
+    )
+    assert (accepted, refused) == ([runner.pk], [])
+    runner.refresh_from_db()
+    assert (runner.state, runner.exit_code) == ("failed", 3)
+    assert runner.message == "Runner.Listener exited with code 3"
+    # Nothing is left to stop.
+    assert AgentTask.objects.get(runner=runner).state == "cancelled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run18_a_report_about_another_hosts_runner_is_refused(agent_api):
+    host, token = join("h1")
+    other, _ = join("h2")
+    mine = make_runner(host, "provisioning")
+    theirs = make_runner(other, "provisioning")
+    nobodys = make_runner(None, "provisioning")
+    body = report(
+        agent_api,
+        token,
+        {"runner_id": mine.pk, "state": "registering"},
+        {"runner_id": theirs.pk, "state": "removed", "exit_code": 0},
+        {"runner_id": nobodys.pk, "state": "registering"},
+        {"runner_id": 987654, "state": "registering"},
+    )
+    assert body == {"accepted": [mine.pk], "refused": [theirs.pk, nobodys.pk, 987654]}
+    assert Runner.objects.get(pk=theirs.pk).state == "provisioning"
+    assert Runner.objects.get(pk=nobodys.pk).state == "provisioning"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_agent18_an_ended_runners_report_is_accepted_and_changes_nothing(agent_api):
+    host, token = join("h1")
+    runner = make_runner(host, "failed")
+    Runner.objects.filter(pk=runner.pk).update(message="host h1 lost: no heartbeat for 5m")
+    body = report(agent_api, token, {"runner_id": runner.pk, "state": "removed", "exit_code": 0})
+    assert body == {"accepted": [runner.pk], "refused": []}
+    runner.refresh_from_db()
+    assert runner.state == "failed"
+    assert runner.message == "host h1 lost: no heartbeat for 5m"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_malformed_report_body_is_400_and_an_unknown_state_refused(agent_api):
+    host, token = join("h1")
+    runner = make_runner(host)
+    for body in ({"reports": "no"}, {"reports": [{"runner_id": "5"}]}, {"reports": [7]}):
+        assert agent_api.post("reports", body, token=token).status_code == 400
+    body = report(agent_api, token, {"runner_id": runner.pk, "state": "busy"})
+    assert body == {"accepted": [], "refused": [runner.pk]}
+    assert agent_api.post("reports", {"reports": []}, token="zat_x").status_code == 401

@@ -1,0 +1,293 @@
+"""The agent task queue: rows (TASK-01) delivered under leases (TASK-02/03), at most three
+offers (TASK-04), what an abandoned stop and create do (TASK-05/06), the long-poll and its
+one watcher per process (TASK-13), and a host's token reaching only its own tasks (TASK-14).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from accounts.models import AuditLog
+from fleet import wakeups
+from fleet.models import AgentTask
+from fleet.taskqueue import enqueue_task, sweep_tasks, take_tasks
+from runners.lifecycle import drain_runner
+from tests.fleet.conftest import T0, join, later, make_runner
+
+pytestmark = pytest.mark.usefixtures("fleet_registry")
+
+LEASES = {"create_runner": 20, "stop_runner": 10, "remove_runner": 5}  # minutes, TASK-03
+
+
+def enqueue(host, runner, kind: str = "create_runner", now=T0) -> AgentTask:
+    return enqueue_task(
+        host_id=host.pk,
+        runner_id=runner.pk if runner else None,
+        kind=kind,
+        payload={"runner_id": runner.pk if runner else None},
+        now=now,
+    )
+
+
+# -- leases and attempts, on a moved clock -----------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["create_runner", "stop_runner", "remove_runner"])
+def test_task02_03_04_a_task_is_offered_three_times_under_its_lease_then_abandoned(kind):
+    """TASK-02, TASK-03, TASK-04: leases of 20/10/5 min, three offers, then abandoned."""
+    host, _ = join("h1")
+    runner = make_runner(host, "draining" if kind == "stop_runner" else "provisioning")
+    task = enqueue(host, runner, kind)
+    lease = timedelta(minutes=LEASES[kind])
+    now = T0
+    for attempt in (1, 2, 3):
+        (taken,) = take_tasks(host, now)
+        assert (taken.pk, taken.attempt, taken.state) == (task.pk, attempt, "in_flight")
+        assert taken.lease_deadline == now + lease
+        assert taken.taken_at == now
+        assert take_tasks(host, now) == []  # in flight: not offered twice at once
+        assert sweep_tasks(now + lease - timedelta(seconds=1)) == []
+        now += lease
+        reasons = sweep_tasks(now)
+        assert len(reasons) == 1
+    task.refresh_from_db()
+    # The host is given up on after 1 h (create), 30 min (stop) or 15 min (remove).
+    assert task.state == "abandoned"
+    assert now - T0 == 3 * lease
+    assert task.finished_at == now
+    assert task.pk not in [t.pk for t in take_tasks(host, now)]
+    assert AuditLog.objects.filter(action="task.requeued").count() == 2
+    assert AuditLog.objects.filter(action="task.abandoned").count() == 1
+
+
+@pytest.mark.django_db
+def test_task05_an_abandoned_stop_fails_its_runner():
+    host, _ = join("h1")
+    runner = make_runner(host, "idle")
+    drain_runner(runner, now=T0, actor="user:ada", reason="test")
+    now = T0
+    for _ in range(3):
+        assert take_tasks(host, now)
+        now += timedelta(minutes=10)
+        reasons = sweep_tasks(now)
+    runner.refresh_from_db()
+    assert runner.state == "failed"
+    assert runner.message == "host never confirmed the stop after 3 attempts"
+    assert any("failed" in r for r in reasons)
+    # Its workload is still to be removed (a failed runner's remove task).
+    assert AgentTask.objects.filter(runner=runner, kind="remove_runner", state="pending").exists()
+
+
+@pytest.mark.django_db
+def test_task06_an_abandoned_create_is_left_to_the_provision_timeout():
+    host, _ = join("h1")
+    runner = make_runner(host, "provisioning")
+    enqueue(host, runner)
+    now = T0
+    for _ in range(3):
+        assert take_tasks(host, now)
+        now += timedelta(minutes=20)
+        reasons = sweep_tasks(now)
+    assert "provision timeout" in reasons[0]
+    runner.refresh_from_db()
+    assert runner.state == "provisioning"
+
+
+@pytest.mark.django_db
+def test_task01_tasks_are_rows_that_survive_a_restart():
+    host, _ = join("h1")
+    runner = make_runner(host)
+    task = enqueue(host, runner)
+    take_tasks(host, T0)
+    # A "restart" is nothing but a new process reading the rows: all of it is there.
+    row = AgentTask.objects.get(pk=task.pk)
+    assert (row.kind, row.host_id, row.runner_id, row.attempt, row.state) == (
+        "create_runner",
+        host.pk,
+        runner.pk,
+        1,
+        "in_flight",
+    )
+    assert row.lease_deadline == T0 + timedelta(minutes=20)
+    assert row.payload == {"runner_id": runner.pk}
+
+
+@pytest.mark.django_db
+def test_tasks_are_taken_oldest_first_and_only_the_hosts_own():
+    host, _ = join("h1")
+    other, _ = join("h2")
+    first = enqueue(host, make_runner(host), now=T0)
+    second = enqueue(host, make_runner(host), "remove_runner", now=later(1))
+    theirs = enqueue(other, make_runner(other), now=T0)
+    assert [t.pk for t in take_tasks(host, later(2))] == [first.pk, second.pk]
+    assert [t.pk for t in take_tasks(other, later(2))] == [theirs.pk]
+
+
+@pytest.mark.django_db
+def test_agent06_a_create_for_a_draining_or_ended_runner_is_cancelled_not_delivered():
+    host, _ = join("h1")
+    draining = make_runner(host, "draining")
+    failed = make_runner(host, "failed")
+    live = make_runner(host, "provisioning")
+    for runner in (draining, failed, live):
+        enqueue(host, runner)
+    assert [t.runner_id for t in take_tasks(host, T0)] == [live.pk]
+    assert set(AgentTask.objects.filter(state="cancelled").values_list("runner_id", flat=True)) == {
+        draining.pk,
+        failed.pk,
+    }
+
+
+# -- over HTTP ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task14_a_host_cannot_take_or_answer_another_hosts_task(agent_api):
+    host, token = join("h1")
+    other, other_token = join("h2")
+    task = enqueue(other, make_runner(other))
+    assert agent_api.get("tasks?wait=0", token=token).json() == {"tasks": []}
+    taken = agent_api.get("tasks?wait=0", token=other_token).json()["tasks"]
+    assert [t["id"] for t in taken] == [task.pk]
+    answer = agent_api.post(f"tasks/{task.pk}/result", {"ok": True, "attempt": 1}, token=token)
+    assert answer.status_code == 404 and answer.json()["error"]
+    task.refresh_from_db()
+    assert task.state == "in_flight"
+    mine = agent_api.post(
+        f"tasks/{task.pk}/result", {"ok": True, "error": None, "attempt": 1}, token=other_token
+    )
+    assert mine.status_code == 200 and mine.json() == {"accepted": True}
+    task.refresh_from_db()
+    assert task.state == "done"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_result_for_a_task_not_in_flight_or_an_old_attempt_is_409(agent_api):
+    host, token = join("h1")
+    task = enqueue(host, make_runner(host))
+    assert agent_api.post(f"tasks/{task.pk}/result", {"ok": True}, token=token).status_code == 409
+    take_tasks(host, T0)
+    AgentTask.objects.filter(pk=task.pk).update(lease_deadline=T0)
+    sweep_tasks(later(1))
+    take_tasks(host, later(2))  # attempt 2 in flight; attempt 1 answers late
+    late = agent_api.post(f"tasks/{task.pk}/result", {"ok": True, "attempt": 1}, token=token)
+    assert late.status_code == 409
+    ok = agent_api.post(f"tasks/{task.pk}/result", {"ok": True, "attempt": 2}, token=token)
+    assert ok.status_code == 200
+    again = agent_api.post(f"tasks/{task.pk}/result", {"ok": True, "attempt": 2}, token=token)
+    assert again.status_code == 409
+    assert agent_api.post(f"tasks/{task.pk}/result", {"ok": "yes"}, token=token).status_code == 400
+    assert agent_api.post("tasks/999999/result", {"ok": True}, token=token).status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run14_a_failed_create_fails_the_runner_with_the_agents_reason(agent_api):
+    host, token = join("h1")
+    runner = make_runner(host)
+    enqueue(host, runner)
+    (task,) = agent_api.get("tasks?wait=0", token=token).json()["tasks"]
+    assert task["kind"] == "create_runner" and task["attempt"] == 1
+    assert task["runner_id"] == runner.pk and task["payload"] == {"runner_id": runner.pk}
+    answer = agent_api.post(
+        f"tasks/{task['id']}/result",
+        {"ok": False, "error": "image zoomies/runner:1 not found", "attempt": 1},
+        token=token,
+    )
+    assert answer.status_code == 200
+    runner.refresh_from_db()
+    assert runner.state == "failed"
+    assert runner.message == "image zoomies/runner:1 not found"
+    row = AgentTask.objects.get(pk=task["id"])
+    assert (row.state, row.error) == ("failed", "image zoomies/runner:1 not found")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_long_poll_answers_at_once_when_a_task_is_pending(agent_api):
+    """ARCH-07: work reaches the agent on a request the agent opened."""
+    host, token = join("h1")
+    task = enqueue(host, make_runner(host))
+    started = time.monotonic()
+    answer = agent_api.get("tasks?wait=25", token=token)
+    assert time.monotonic() - started < 2
+    assert [t["id"] for t in answer.json()["tasks"]] == [task.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_long_poll_answers_empty_after_the_wait_and_needs_a_token(agent_api):
+    _, token = join("h1")
+    started = time.monotonic()
+    answer = agent_api.get("tasks?wait=1", token=token)
+    elapsed = time.monotonic() - started
+    assert answer.status_code == 200 and answer.json() == {"tasks": []}
+    assert 0.9 <= elapsed < 3
+    assert agent_api.get("tasks?wait=1").status_code == 401
+    assert agent_api.get("tasks?wait=soon", token=token).status_code == 400
+
+
+def poll_in_background(agent_api, token: str, wait: float = 10) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        answer = agent_api.get(f"tasks?wait={wait}", token=token)
+        out["at"] = time.monotonic()
+        out["answer"] = answer
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def wait_until_waiting(host_ids: set[int], timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while not host_ids <= set(wakeups.watcher.waiting_hosts()):
+        assert time.monotonic() < deadline, "the poll never started waiting"
+        time.sleep(0.02)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task13_an_enqueue_in_this_process_wakes_a_waiting_poll_within_a_second(agent_api):
+    host, token = join("h1")
+    thread, out = poll_in_background(agent_api, token)
+    wait_until_waiting({host.pk})
+    enqueued_at = time.monotonic()
+    task = enqueue(host, make_runner(host))
+    thread.join(15)
+    assert out["at"] - enqueued_at < 1
+    assert [t["id"] for t in out["answer"].json()["tasks"]] == [task.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task13_a_task_written_by_another_process_is_found_by_the_watcher(agent_api, monkeypatch):
+    host, token = join("h1")
+    # Another process's enqueue cannot call this process's notify hook: only the watcher's
+    # look can find the task.
+    monkeypatch.setattr("fleet.taskqueue.notify_host_on_commit", lambda host_id: None)
+    thread, out = poll_in_background(agent_api, token)
+    wait_until_waiting({host.pk})
+    enqueued_at = time.monotonic()
+    task = enqueue(host, make_runner(host))
+    thread.join(15)
+    assert out["at"] - enqueued_at < 1
+    assert [t["id"] for t in out["answer"].json()["tasks"]] == [task.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task13_many_waiting_agents_share_one_watcher_and_one_query_per_look(agent_api):
+    hosts = [join(f"h{i}") for i in range(4)]
+    polls = [poll_in_background(agent_api, token, wait=2) for _, token in hosts]
+    wait_until_waiting({host.pk for host, _ in hosts})
+    looks_before = wakeups.watcher.looks
+    time.sleep(1)
+    looks = wakeups.watcher.looks - looks_before
+    watchers = [t for t in threading.enumerate() if t.name == "zoomies-task-watcher"]
+    assert len(watchers) == 1
+    # One look every POLL_INTERVAL whatever the number of agents (4 would mean one each).
+    assert 1 <= looks <= 1 / wakeups.POLL_INTERVAL + 2
+    for thread, out in polls:
+        thread.join(10)
+        assert out["answer"].json() == {"tasks": []}
