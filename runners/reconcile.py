@@ -12,6 +12,7 @@ import os
 import secrets
 import socket
 import sys
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -36,6 +37,7 @@ from runners.scheduler import (
     RunnerView,
     SchedulerSettings,
     Snapshot,
+    assign_jobs,
     decide,
 )
 from runners.states import JobStatus, RunnerState
@@ -164,10 +166,74 @@ def runner_command(pool: Pool, image: str) -> list[str] | None:
     return [image]
 
 
-def installation_for(pool: Pool) -> Installation | None:
-    if pool.installation_id:
-        return pool.installation
-    return Installation.objects.filter(active=True).order_by("pk").first()
+class InstallationChooser:
+    """Which installation each new runner registers in.
+
+    A runner registered in one organisation can take only that organisation's jobs, so a
+    pool serving several installations registers each runner where its pool's queued jobs
+    come from, skipping installations under a rate-limit stand-down (POLL-05: one
+    installation out of quota must not stop the others scaling).
+    """
+
+    def __init__(self, snapshot: Snapshot | None, now: datetime):
+        self.now = now
+        self.installations = {i.pk: i for i in Installation.objects.filter(active=True)}
+        self.remaining: dict[int, list[int]] = {}
+        if snapshot is None:
+            return
+        available = Counter(
+            Runner.objects.filter(
+                state__in=[RunnerState.PROVISIONING, RunnerState.REGISTERING, RunnerState.IDLE]
+            ).values_list("pool_id", "installation_id")
+        )
+        for pool_id, jobs in assign_jobs(snapshot.queued_jobs, snapshot.pools).items():
+            wanted = Counter(j.installation_id for j in jobs if j.installation_id)
+            for (runner_pool, inst_id), count in available.items():
+                if runner_pool == pool_id and inst_id in wanted:
+                    wanted[inst_id] -= count
+            ordered = sorted(jobs, key=lambda j: (j.created_at, j.id))
+            queue = []
+            for job in ordered:
+                if job.installation_id and wanted[job.installation_id] > 0:
+                    wanted[job.installation_id] -= 1
+                    queue.append(job.installation_id)
+            self.remaining[pool_id] = queue
+
+    def _usable(self, installation: Installation | None) -> bool:
+        return installation is not None and not under_standdown(installation, self.now)
+
+    def choose(self, pool: Pool) -> tuple[Installation | None, str]:
+        """An installation, or None and the reason there is none."""
+        if pool.installation_id:
+            inst = self.installations.get(pool.installation_id)
+            if inst is None:
+                return None, f"{pool.name}: its installation is inactive"
+            if not self._usable(inst):
+                return None, self._standdown_reason(pool, inst)
+            return inst, ""
+        queue = self.remaining.get(pool.pk, [])
+        limited = None
+        for index, inst_id in enumerate(queue):
+            inst = self.installations.get(inst_id)
+            if self._usable(inst):
+                del queue[index]
+                return inst, ""
+            limited = limited or inst
+        if limited is not None:
+            return None, self._standdown_reason(pool, limited)
+        # Warm runners, or jobs credited to no installation: any usable installation.
+        for inst in sorted(self.installations.values(), key=lambda i: i.pk):
+            if self._usable(inst):
+                return inst, ""
+        return None, f"{pool.name}: no GitHub installation to register runners in"
+
+    @staticmethod
+    def _standdown_reason(pool: Pool, inst: Installation) -> str:
+        # The stand-down belongs to the installation: minting spends the same quota.
+        return (
+            f"{pool.name}: installation {inst.account} is rate limited until "
+            f"{inst.standdown_until:%H:%M:%S}"
+        )
 
 
 @dataclass
@@ -268,7 +334,7 @@ def _write_runner(minted: _Minted, image: str, now: datetime) -> Runner:
     return runner
 
 
-def apply_plan(plan: Plan, now: datetime) -> ApplyReport:
+def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> ApplyReport:
     report = ApplyReport()
     for fail in plan.fails:
         runner = Runner.objects.filter(pk=fail.runner_id).first()
@@ -282,20 +348,14 @@ def apply_plan(plan: Plan, now: datetime) -> ApplyReport:
 
     pools = {p.pk: p for p in Pool.objects.filter(pk__in={c.pool_id for c in plan.creates})}
     work = []
+    chooser = InstallationChooser(snapshot, now) if plan.creates else None
     for create in plan.creates:
         pool = pools.get(create.pool_id)
         if pool is None:
             continue
-        installation = installation_for(pool)
+        installation, why_not = chooser.choose(pool)
         if installation is None:
-            report.skipped.append(f"{pool.name}: no GitHub installation to register runners in")
-            continue
-        if under_standdown(installation, now):
-            # The stand-down belongs to the installation: minting spends the same quota.
-            report.skipped.append(
-                f"{pool.name}: installation {installation.account} is rate limited until "
-                f"{installation.standdown_until:%H:%M:%S}"
-            )
+            report.skipped.append(why_not)
             continue
         work.append((create, pool, installation, create.image))
     if not work:
@@ -330,7 +390,7 @@ def apply_plan(plan: Plan, now: datetime) -> ApplyReport:
 
 def _notify_hosts(host_ids: set[int]) -> None:
     try:
-        from fleet.taskqueue import notify_host
+        from fleet.wakeups import notify_host
     except ImportError:
         return
     for host_id in host_ids:
@@ -341,7 +401,7 @@ def reconcile_once(now: datetime) -> ApplyReport:
     """One decide-and-apply, without the lease (callers hold it)."""
     snapshot = build_snapshot(now)
     plan = decide(snapshot)
-    report = apply_plan(plan, now)
+    report = apply_plan(plan, now, snapshot)
     for line in report.created + report.failed + report.drained + report.skipped:
         log.info("reconcile: %s", line)
     return report

@@ -88,12 +88,18 @@ class Controller:
             raise AssertionError(f"manage.py {' '.join(args)} failed:\n{done.stderr}")
         return done.stdout.strip()
 
-    def start(self, *extra: str) -> Controller:
+    def prepare(self) -> None:
+        """Migrate and mint the API token, once, before rows are added or the controller runs."""
+        if self.token:
+            return
         self.manage("migrate", "--verbosity", "0")
         self.token = self.manage(
             "create_token", "--user", "e2e", "--create-user", "--scope", "fleet:read",
             "--scope", "fleet:write",
         ).splitlines()[-1]  # fmt: skip
+
+    def start(self, *extra: str) -> Controller:
+        self.prepare()
         log = self.log_path.open("w")
         self.process = subprocess.Popen(
             [sys.executable, MANAGE, "controller", "--bind", f"127.0.0.1:{self.port}", *extra],

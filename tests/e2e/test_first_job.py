@@ -27,6 +27,7 @@ LABELS = ["self-hosted", "e2e"]
 
 def setup_fleet(controller, fake, *, accounts=("acme",)):
     ids = {}
+    controller.prepare()
     for account in accounts:
         inst = fake.add_installation(
             account=account, account_type="Organization", repositories=[f"{account}/app"]
