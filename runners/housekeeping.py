@@ -37,8 +37,17 @@ def reap_removed_runners(now: datetime) -> list[str]:
 
     Jobs keep the runner's name, so a finished job still says which runner ran it.
     """
+    from runners.reconcile import unlinked_exits
+
+    # An unexplained clean exit is kept while the scheduler still counts it (it stands for
+    # a job whose news has not arrived yet).
+    waiting = set(
+        unlinked_exits(now, registry.get("scheduler.unlinked_exit_grace")).values_list(
+            "pk", flat=True
+        )
+    )
     lines = []
-    for runner in Runner.objects.filter(state=RunnerState.REMOVED):
+    for runner in Runner.objects.filter(state=RunnerState.REMOVED).exclude(pk__in=waiting):
         if runner.tasks.filter(state__in=("pending", "in_flight")).exists():
             continue  # a remove still owed to the host (TASK-08)
         deleted, _ = Runner.objects.filter(pk=runner.pk, state=RunnerState.REMOVED).delete()

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings as django_settings
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from fleet.models import Host
@@ -64,6 +65,43 @@ def scheduler_settings() -> SchedulerSettings:
         max_start_backoff=registry.get("scheduler.max_start_backoff"),
         max_runner_lifetime=_none_if_zero(registry.get("scheduler.max_runner_lifetime")),
         default_idle_timeout=_none_if_zero(registry.get("scheduler.idle_timeout")),
+        unlinked_exit_grace=registry.get("scheduler.unlinked_exit_grace"),
+    )
+
+
+def _runner_view(r: Runner, *, unlinked_exit: bool = False) -> RunnerView:
+    return RunnerView(
+        id=r.pk,
+        pool_id=r.pool_id,
+        host_id=r.host_id,
+        state=r.state,
+        created_at=r.created_at,
+        state_changed_at=r.state_changed_at,
+        finished_at=r.finished_at,
+        cpus=r.cpus,
+        memory_mb=r.memory_mb,
+        dind=r.pool.dind,
+        unlinked_exit=unlinked_exit,
+    )
+
+
+def unlinked_exits(now: datetime, grace: timedelta):
+    """Ephemeral runners that ended cleanly within `grace` with no job linked to them.
+
+    An ephemeral runner exits 0 after its one job, so such a runner ran a job we have not
+    heard of yet; the scheduler lets it stand for that job for the grace.
+    """
+    linked = Job.objects.filter(runner_id=OuterRef("pk"))
+    named = Job.objects.filter(runner_name=OuterRef("name"))
+    return (
+        Runner.objects.filter(
+            state=RunnerState.REMOVED,
+            ephemeral=True,
+            exit_code=0,
+            finished_at__gt=now - grace,
+        )
+        .exclude(Exists(linked))
+        .exclude(Exists(named))
     )
 
 
@@ -105,20 +143,13 @@ def build_snapshot(now: datetime) -> Snapshot:
         )
         for h in Host.objects.order_by("pk")
     )
+    settings = scheduler_settings()
     runners = tuple(
-        RunnerView(
-            id=r.pk,
-            pool_id=r.pool_id,
-            host_id=r.host_id,
-            state=r.state,
-            created_at=r.created_at,
-            state_changed_at=r.state_changed_at,
-            finished_at=r.finished_at,
-            cpus=r.cpus,
-            memory_mb=r.memory_mb,
-            dind=r.pool.dind,
-        )
+        _runner_view(r)
         for r in Runner.objects.exclude(state=RunnerState.REMOVED).select_related("pool")
+    ) + tuple(
+        _runner_view(r, unlinked_exit=True)
+        for r in unlinked_exits(now, settings.unlinked_exit_grace).select_related("pool")
     )
     jobs = tuple(
         JobView(
@@ -136,7 +167,7 @@ def build_snapshot(now: datetime) -> Snapshot:
         hosts=hosts,
         runners=runners,
         queued_jobs=jobs,
-        settings=scheduler_settings(),
+        settings=settings,
     )
 
 

@@ -449,6 +449,9 @@ _ENTRIES: tuple[Setting | Derived, ...] = (
          "How long an idle runner may live before it is retired, where 0s means no limit."),
     _dur("scheduler.idle_timeout", "0s",
          "How long a runner may sit idle before it is drained, where 0s means never."),
+    _dur("scheduler.unlinked_exit_grace", "1m",
+         "How long a runner that ended with no job heard of still stands for the job it ran.",
+         lo="0s", hi="10m"),
     # max_start_backoff <= failed_retention: the wait is computed from failures still kept.
     _dur("scheduler.failed_retention", "10m",
          "How long a failed runner stays on the Runners page before it is removed.", lo="1m"),

@@ -29,6 +29,7 @@ from runners.scheduler.model import (
     AVAILABLE_STATES,
     FAILED,
     IDLE,
+    REMOVED,
     STARTING_STATES,
     TERMINAL_STATES,
     CreateRunner,
@@ -240,6 +241,10 @@ def _plan_pool(
         for r in pool_runners
         if r.state in AVAILABLE_STATES and r.id not in failed_ids and r.id not in drained_ids
     )
+    # A runner that just ran a job we have not heard of yet stands for that job, which
+    # still looks queued here (webhooks reordered or dropped until the next poll).
+    unheard = min(jobs, _unlinked_exits(pool_runners, snapshot))
+    jobs -= unheard
     # Scale on demand, never one runner per job id: an idle runner takes any matching job.
     wanted = max(0, jobs + pool.warm - available)
     if wanted == 0:
@@ -438,6 +443,19 @@ def _size(pool: PoolView) -> str:
     if pool.memory_mb is not None:
         parts.append(f"{pool.memory_mb * containers} MB")
     return " and ".join(parts) or "one slot"
+
+
+def _unlinked_exits(pool_runners: Sequence[RunnerView], snapshot: Snapshot) -> int:
+    """Removed runners that ended cleanly within the grace with no job linked to them."""
+    grace = snapshot.settings.unlinked_exit_grace
+    return sum(
+        1
+        for r in pool_runners
+        if r.unlinked_exit
+        and r.state == REMOVED
+        and r.finished_at is not None
+        and snapshot.now - r.finished_at < grace
+    )
 
 
 def _demand_text(jobs: int, warm: int, available: int) -> str:

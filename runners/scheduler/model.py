@@ -36,6 +36,11 @@ class SchedulerSettings:
     max_start_backoff: timedelta = timedelta(minutes=5)
     max_runner_lifetime: timedelta | None = None  # None: unlimited.
     default_idle_timeout: timedelta | None = None  # For pools that set none; None: never.
+    # How long an ephemeral runner that ended cleanly, with no job heard of, still stands
+    # for the job it must have run: GitHub's word on that job may lag (webhooks reordered
+    # or lost until the next poll), and without it the job would look queued and get a
+    # second runner.
+    unlinked_exit_grace: timedelta = timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ class RunnerView:
     cpus: float | None = None
     memory_mb: int | None = None
     dind: bool = False
+    # A removed ephemeral runner that exited 0 without any job being linked to it.
+    unlinked_exit: bool = False
 
 
 @dataclass(frozen=True)

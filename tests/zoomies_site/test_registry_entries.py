@@ -30,6 +30,7 @@ SPEC_DEFAULTS = {
     "scheduler.provision_timeout": timedelta(minutes=20),
     "scheduler.max_runner_lifetime": timedelta(0),
     "scheduler.idle_timeout": timedelta(0),
+    "scheduler.unlinked_exit_grace": timedelta(minutes=1),
     "scheduler.failed_retention": timedelta(minutes=10),
     "scheduler.start_backoff": timedelta(seconds=10),
     "scheduler.max_start_backoff": timedelta(minutes=5),
