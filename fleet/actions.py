@@ -468,6 +468,7 @@ def apply_reports(*, host: Host, reports: list[dict], now: datetime) -> tuple[li
     """
     accepted: list[int] = []
     refused: list[int] = []
+    ended = False
     actor = agent_actor(host)
     for report in clean_reports(reports):
         runner_id = report["runner_id"]
@@ -484,6 +485,13 @@ def apply_reports(*, host: Host, reports: list[dict], now: datetime) -> tuple[li
                 continue
             _apply_report(runner, report, now=now, actor=actor)
         accepted.append(runner_id)
+        if state in ("removed", "failed"):
+            ended = True
+    if ended:
+        # A slot came free: the next pass should not wait for the ticker.
+        from runners.wake import wake_reconcile
+
+        wake_reconcile()
     return accepted, refused
 
 

@@ -124,7 +124,10 @@ else:
                 "timeout": 20,
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             },
-            "TEST": {"NAME": os.environ.get("ZOOMIES_TEST_DB") or None},
+            # A file, not SQLite's shared-cache memory database: live-server threads and
+            # child processes then share it the way production's processes do (WAL, busy
+            # timeout) instead of failing on shared-cache table locks.
+            "TEST": {"NAME": os.environ.get("ZOOMIES_TEST_DB", str(DATA_DIR / "test-zoomies.db"))},
         }
     }
 
