@@ -95,3 +95,17 @@ class JobList(generics.ListAPIView):
         qs = super().get_queryset()
         status = self.request.query_params.get("status")
         return qs.filter(status=status) if status else qs[:500]
+
+
+class ProblemList(generics.GenericAPIView):
+    """GET /api/v1/problems: the problems drawer's list, worked out afresh."""
+
+    permission_classes = [HasFleetScope]
+
+    def get(self, request):
+        from django.utils import timezone
+        from rest_framework.response import Response
+
+        from zoomies_site.problems import problems
+
+        return Response(problems(timezone.now()))

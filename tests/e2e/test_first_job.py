@@ -95,6 +95,8 @@ def test_poll01_with_every_webhook_dropped_the_poller_alone_gets_the_job_run(e2e
         "the poller to record the completed job",
     )
     assert recorded["source"] == "poll"
+    problems = {p["key"]: p for p in controller.api("problems")}
+    assert "polling alone" in problems["github.polling_only"]["title"]
 
 
 def test_hook03_duplicated_and_reordered_deliveries_move_no_job_back_or_add_a_runner(e2e):

@@ -1,0 +1,49 @@
+"""The problems list: configuration findings plus what is wrong at runtime (CONF-05, EVT-07).
+
+Computed, never stored: each call works it out from the settings and the rows as they are.
+Every entry has a stable key, a severity, a title and a detail sentence.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from runners.models import Runner
+from runners.states import RunnerState
+from zoomies_site import registry
+
+
+def not_progressing(now: datetime) -> list[dict]:
+    """SCHED-18: runners still not online at half the provision timeout."""
+    threshold = registry.get("runners.not_progressing")
+    stuck = Runner.objects.filter(
+        state__in=[RunnerState.PROVISIONING, RunnerState.REGISTERING],
+        created_at__lte=now - threshold,
+    ).order_by("created_at")
+    names = list(stuck.values_list("name", flat=True)[:20])
+    if not names:
+        return []
+    minutes = int(threshold.total_seconds() // 60)
+    return [
+        {
+            "key": "runners.not_progressing",
+            "severity": "warning",
+            "title": f"{len(names)} runner(s) not online after {minutes} min",
+            "detail": (
+                f"{', '.join(names)} have not come online; they will be failed at the provision "
+                "timeout. Check the host's agent and the runner's log."
+            ),
+        }
+    ]
+
+
+def problems(now: datetime) -> list[dict]:
+    from runners.problems import github_problems
+
+    found = [
+        {"key": f.key, "severity": f.severity, "title": f.title, "detail": f"{f.why} {f.fix}"}
+        for f in registry.startup_findings()
+    ]
+    found.extend(github_problems(now))
+    found.extend(not_progressing(now))
+    return found
