@@ -24,7 +24,7 @@ from runners.models import Installation, Job, Runner, WebhookDelivery
 from runners.webhooks import sign, signature_matches
 from tests.runners.conftest import WEBHOOK_SECRET, make_host, make_runner
 
-EXAMPLES = Path("/work/shared/github/webhooks")
+EXAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "github" / "webhooks"
 URL = "/webhooks/github"
 
 

@@ -32,13 +32,16 @@ from runners.github.fake import FakeGitHub
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 WEBHOOK_SECRET = "It's a Secret to Everybody"
-# GitHub's material lives beside the checkout (../shared/github); an env var can move it.
+# GitHub's material: the copy in tests/fixtures/github, unless an env var points elsewhere.
 MATERIAL_ENV = "ZOOMIES_GITHUB_MATERIAL"
 
 
 def github_material() -> Path:
     """The folder with response-schemas.json; a test that needs it fails if it is missing."""
-    candidates = [os.environ.get(MATERIAL_ENV, ""), str(REPO_ROOT.parent / "shared" / "github")]
+    candidates = [
+        os.environ.get(MATERIAL_ENV, ""),
+        str(REPO_ROOT / "tests" / "fixtures" / "github"),
+    ]
     for candidate in candidates:
         if candidate and (Path(candidate) / "response-schemas.json").is_file():
             return Path(candidate)
