@@ -127,7 +127,12 @@ else:
             # A file, not SQLite's shared-cache memory database: live-server threads and
             # child processes then share it the way production's processes do (WAL, busy
             # timeout) instead of failing on shared-cache table locks.
-            "TEST": {"NAME": os.environ.get("ZOOMIES_TEST_DB", str(DATA_DIR / "test-zoomies.db"))},
+            # One per test run (the pid), so concurrent runs in one checkout never share it.
+            "TEST": {
+                "NAME": os.environ.get(
+                    "ZOOMIES_TEST_DB", str(DATA_DIR / f"test-zoomies-{os.getpid()}.db")
+                )
+            },
         }
     }
 
