@@ -156,9 +156,11 @@ def apply_job_update(
     actor: str,
 ) -> Job | None:
     """The path webhooks and the poller share: record the job, then move its runner."""
-    job, _moved = record_job(update, installation=installation, now=now, source=source, actor=actor)
-    if job is None:
-        return None
+    job, moved = record_job(update, installation=installation, now=now, source=source, actor=actor)
+    if job is None or not moved:
+        # A stale or repeated update moves no runner: a late `completed` must not flip a
+        # reusable runner that has since taken another job back to idle.
+        return job
     if job.status == JobStatus.IN_PROGRESS:
         link_job_runner(job, now=now, actor=actor)
     elif job.status == JobStatus.COMPLETED:

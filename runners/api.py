@@ -9,6 +9,7 @@ from accounts import audit
 from accounts.permissions import HasFleetScope
 from runners import naming
 from runners.models import Job, Pool, Runner
+from runners.reconcile import PROCESS_IMAGES
 
 
 class PoolSerializer(serializers.ModelSerializer):
@@ -29,6 +30,16 @@ class PoolSerializer(serializers.ModelSerializer):
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from exc
         return value
+
+    def validate(self, attrs):
+        backend = attrs.get("backend", getattr(self.instance, "backend", Pool.Backend.DOCKER))
+        image = attrs.get("image", getattr(self.instance, "image", ""))
+        if backend == Pool.Backend.PROCESS and image and image not in PROCESS_IMAGES:
+            # A process runner runs on the host as the agent's user: never an arbitrary path.
+            raise serializers.ValidationError(
+                {"image": f"the process backend runs only {' or '.join(PROCESS_IMAGES)}"}
+            )
+        return attrs
 
     def validate_labels(self, value):
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 
 from django.db import transaction
 
@@ -17,36 +18,56 @@ def _has_open_task(runner: Runner, kind: str) -> bool:
     return runner.tasks.filter(kind=kind, state__in=OPEN_TASK_STATES).exists()
 
 
-def drain_runner(runner: Runner, *, now: datetime, actor: str, reason: str) -> TransitionResult:
+def drain_runner(
+    runner: Runner,
+    *,
+    now: datetime,
+    actor: str,
+    reason: str,
+    expected_from: Iterable[str] | None = None,
+) -> TransitionResult:
     """Tell a runner to stop taking work and exit; its host gets a stop task.
 
-    A busy runner is given `runners.drain_grace` to finish its job (RUN-11).
+    A busy runner is given `runners.drain_grace` to finish its job before it is signalled
+    (RUN-11); any other runner is signalled at once. Whether it was busy is read from the
+    row the transition moved, never from the caller's copy.
     """
     from zoomies_site import registry
 
     with transaction.atomic():
-        was_busy = runner.state == RunnerState.BUSY
         result = transition_runner(
-            runner.pk, RunnerState.DRAINING, now=now, actor=actor, reason=reason
+            runner.pk,
+            RunnerState.DRAINING,
+            now=now,
+            actor=actor,
+            reason=reason,
+            expected_from=expected_from,
         )
         if result.changed and runner.host_id and not _has_open_task(runner, TaskKind.STOP_RUNNER):
-            grace = (
-                registry.get("runners.drain_grace")
-                if was_busy
-                else registry.get("agent.stop_margin")
-            )
+            was_busy = result.previous == RunnerState.BUSY
+            grace = registry.get("runners.drain_grace") if was_busy else timedelta(0)
             enqueue_task(
                 host_id=runner.host_id,
                 runner_id=runner.pk,
                 kind=TaskKind.STOP_RUNNER,
-                payload={"runner_id": runner.pk, "timeout": int(grace.total_seconds())},
+                payload={
+                    "runner_id": runner.pk,
+                    "grace": int(grace.total_seconds()),
+                    "timeout": int(registry.get("agent.stop_margin").total_seconds()),
+                },
                 now=now,
             )
     return result
 
 
 def fail_runner(
-    runner: Runner, *, now: datetime, actor: str, message: str, reason: str = ""
+    runner: Runner,
+    *,
+    now: datetime,
+    actor: str,
+    message: str,
+    reason: str = "",
+    expected_from: Iterable[str] | None = None,
 ) -> TransitionResult:
     """Fail a runner with a sentence saying why; its host is asked to clean up the workload."""
     with transaction.atomic():
@@ -57,6 +78,7 @@ def fail_runner(
             actor=actor,
             reason=reason or message,
             message=message,
+            expected_from=expected_from,
         )
         if result.changed and runner.host_id and not _has_open_task(runner, TaskKind.REMOVE_RUNNER):
             # Cancel a create still waiting for the agent: it would start a doomed workload.

@@ -69,6 +69,37 @@ def scheduler_settings() -> SchedulerSettings:
     )
 
 
+STARTING = (RunnerState.PROVISIONING, RunnerState.REGISTERING)
+
+
+def _deregister(runner: Runner) -> str:
+    """Delete an idle runner's registration at GitHub; "deleted", "gone", "busy" or why not."""
+    if runner.github_runner_id is None or runner.installation_id is None:
+        # A runner we hold no GitHub id for (a registration-token runner): nothing to ask.
+        return "gone"
+    from runners.github.config import get_app
+
+    app = get_app()
+    if app is None:
+        return "no GitHub App is configured"
+    installation = runner.installation
+    if under_standdown(installation, timezone.now()):
+        return f"installation {installation.account} is rate limited"
+    pool = runner.pool
+    target = {"repo": pool.repository} if pool.repository else {"org": installation.account}
+    if installation.kind == Installation.Kind.REPO and not pool.repository:
+        target = {"repo": (installation.repositories or [""])[0]}
+    try:
+        return app.for_installation(installation.github_id).delete_runner(
+            runner_id=runner.github_runner_id, **target
+        )
+    except RateLimited as exc:
+        stand_down(installation, exc, now=timezone.now(), by="reconcile")
+        return "rate limited by GitHub"
+    except Exception as exc:  # the drain waits for the next pass; the runner stays idle
+        return f"GitHub did not confirm the deregistration: {exc}"
+
+
 def _runner_view(r: Runner, *, unlinked_exit: bool = False) -> RunnerView:
     return RunnerView(
         id=r.pk,
@@ -185,8 +216,16 @@ class ApplyReport:
         return bool(self.created or self.failed or self.drained)
 
 
+PROCESS_IMAGES = (naming.PROCESS_RUNNER, FAKE_RUNNER_IMAGE)
+
+
 def runner_command(pool: Pool, image: str) -> list[str] | None:
-    """The argv a process-backend runner runs; container backends run the image instead."""
+    """The argv a process-backend runner runs; container backends run the image instead.
+
+    A process runner runs as the agent's user on the host, so only the two programs this
+    codebase knows are allowed: the actions runner unpacked on the host, and the fake
+    runner. A pool's image is never run as an arbitrary command.
+    """
     if pool.backend != Pool.Backend.PROCESS:
         return None
     if image == FAKE_RUNNER_IMAGE:
@@ -194,7 +233,7 @@ def runner_command(pool: Pool, image: str) -> list[str] | None:
     if image == naming.PROCESS_RUNNER:
         root = os.environ.get("ZOOMIES_ACTIONS_RUNNER_DIR", "/opt/actions-runner")
         return [os.path.join(root, "run.sh")]
-    return [image]
+    raise ValueError(f"the process backend runs only {' or '.join(PROCESS_IMAGES)}, not {image!r}")
 
 
 class InstallationChooser:
@@ -369,11 +408,28 @@ def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> A
     report = ApplyReport()
     for fail in plan.fails:
         runner = Runner.objects.filter(pk=fail.runner_id).first()
-        if runner and fail_runner(runner, now=now, actor=ACTOR, message=fail.reason).changed:
+        # Only a runner still starting is failed by the provision timeout: one that came
+        # online since the snapshot was taken is left alone.
+        if (
+            runner
+            and fail_runner(
+                runner, now=now, actor=ACTOR, message=fail.reason, expected_from=STARTING
+            ).changed
+        ):
             report.failed.append(fail.reason)
     for drain in plan.drains:
         runner = Runner.objects.filter(pk=drain.runner_id).first()
-        if runner and drain_runner(runner, now=now, actor=ACTOR, reason=drain.reason).changed:
+        if runner is None or runner.state != RunnerState.IDLE:
+            continue
+        # PEERS 3: deregister at GitHub first. A runner that took a job meanwhile answers
+        # "busy" (422), and nothing touches a busy runner.
+        answer = _deregister(runner)
+        if answer != "deleted" and answer != "gone":
+            report.skipped.append(f"{runner.name}: not drained: {answer}")
+            continue
+        if drain_runner(
+            runner, now=now, actor=ACTOR, reason=drain.reason, expected_from=[RunnerState.IDLE]
+        ).changed:
             report.drained.append(drain.reason)
     report.demand.extend(d.reason for d in plan.demand)
 
@@ -383,6 +439,11 @@ def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> A
     for create in plan.creates:
         pool = pools.get(create.pool_id)
         if pool is None:
+            continue
+        try:
+            runner_command(pool, create.image)
+        except ValueError as exc:
+            report.skipped.append(f"{pool.name}: {exc}")
             continue
         installation, why_not = chooser.choose(pool)
         if installation is None:
@@ -412,7 +473,12 @@ def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> A
             report.skipped.append(f"{pool.name}: could not mint a runner credential: {exc}")
             log.warning("%s: could not mint a runner credential: %s", pool.name, exc)
             continue
-        runner = _write_runner(minted, image, now)
+        try:
+            runner = _write_runner(minted, image, now)
+        except Exception as exc:  # one bad row must not lose the rest of the burst
+            log.exception("%s: could not write the runner row", pool.name)
+            report.skipped.append(f"{pool.name}: could not write the runner row: {exc}")
+            continue
         host_ids.add(create.host_id)
         report.created.append(f"{runner.name}: {create.reason}")
     _notify_hosts(host_ids)
@@ -450,18 +516,26 @@ def reconcile_now(now_fn=timezone.now, max_rounds: int = 5) -> list[ApplyReport]
     more, so wakes coalesce and none is lost.
     """
     holder = holder_name()
+    # Marked before trying: a holder that lets go between our try and our mark would
+    # otherwise miss this wake. A successful acquire clears the mark.
+    leases.mark_dirty(LEASE_NAME)
     if not leases.acquire(LEASE_NAME, holder=holder, now=now_fn(), ttl=LEASE_TTL):
-        leases.mark_dirty(LEASE_NAME)
         return None
     reports = []
     try:
-        for _ in range(max_rounds):
+        for round_number in range(1, max_rounds + 1):
             reports.append(reconcile_once(now_fn()))
+            if round_number == max_rounds:
+                break
             if leases.release(LEASE_NAME, holder=holder):
                 return reports
             leases.renew(LEASE_NAME, holder=holder, now=now_fn(), ttl=LEASE_TTL)
     except BaseException:
-        leases.release(LEASE_NAME, holder=holder)
+        leases.release(LEASE_NAME, holder=holder, force=True)
         raise
-    leases.release(LEASE_NAME, holder=holder)
+    if not leases.release(LEASE_NAME, holder=holder, force=True):
+        # Still woken after max_rounds: hand the rest to a fresh pass rather than drop it.
+        from runners.wake import wake_reconcile
+
+        wake_reconcile()
     return reports

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import os
+import secrets
+import socket
+from datetime import datetime, timedelta
 
 from django.utils import timezone
+
+from zoomies_site import leases
+
+SWEEP_LEASE_TTL = timedelta(minutes=5)
+
+
+def _holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
 def reconcile_task() -> int:
@@ -21,12 +32,36 @@ def housekeeping_task() -> int:
 
 
 def poll_task() -> str:
+    """One poll sweep at a time: a slow sweep must not overlap the next and spend quota twice."""
     from runners.poller import poll_step
 
-    return str(poll_step(timezone.now()))
+    holder = _holder()
+    if not leases.acquire("poll", holder=holder, now=timezone.now(), ttl=SWEEP_LEASE_TTL):
+        return "another poll sweep is running"
+    try:
+        return str(poll_step(timezone.now()))
+    finally:
+        leases.release("poll", holder=holder, force=True)
 
 
 def reap_task(started_at: str) -> str:
-    from runners.reap import reap_step
+    """The registration reap runs under the reconcile lease.
 
-    return str(reap_step(timezone.now(), started_at=datetime.fromisoformat(started_at)))
+    A pass mints its JIT configurations before it writes their rows; a reap listing
+    registrations in that window would see ones no row explains yet and delete them.
+    Holding the same lease makes the two exclusive.
+    """
+    from runners.reap import reap_step
+    from runners.reconcile import LEASE_NAME, LEASE_TTL
+
+    holder = _holder()
+    if not leases.acquire(LEASE_NAME, holder=holder, now=timezone.now(), ttl=LEASE_TTL):
+        return "a reconcile pass is running; the reap waits for the next tick"
+    try:
+        return str(reap_step(timezone.now(), started_at=datetime.fromisoformat(started_at)))
+    finally:
+        if not leases.release(LEASE_NAME, holder=holder, force=True):
+            # A pass was asked for while the reap held the lease: serve it now.
+            from runners.wake import wake_reconcile
+
+            wake_reconcile()

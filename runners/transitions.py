@@ -7,6 +7,7 @@ count of 0 means another writer won or the edge is illegal, and nothing is force
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -40,8 +41,13 @@ def transition_runner(
     reason: str = "",
     message: str | None = None,
     extra: dict | None = None,
+    expected_from: Iterable[str] | None = None,
 ) -> TransitionResult:
     """Move a runner to `new_state` if the allow-list permits it from its current state.
+
+    `expected_from` narrows the move to the states the caller decided on: a plan made from
+    a snapshot says "drain this idle runner", and a runner that turned busy since must not
+    be drained by it (nothing the scheduler decides touches a busy runner, SCHED-20).
 
     A repeated state changes nothing, not even `state_changed_at` (the idle clock, RUN-07).
     `finished_at` is stamped once, on the first terminal entry (RUN-09). `message` is kept
@@ -54,6 +60,16 @@ def transition_runner(
             return TransitionResult(False, None, None)
         current, ephemeral = row
         if current == new_state:
+            return TransitionResult(False, current, current)
+        if expected_from is not None and current not in set(expected_from):
+            log.info(
+                "runner %s: not moved to %s: it is %s now, not %s (%s)",
+                runner_id,
+                new_state,
+                current,
+                "/".join(sorted(expected_from)),
+                reason or actor,
+            )
             return TransitionResult(False, current, current)
         # RUN-04: an ephemeral runner's one job is its last; it never goes back to idle.
         ephemeral_reuse = ephemeral and (current, new_state) == (RunnerState.BUSY, RunnerState.IDLE)

@@ -44,17 +44,23 @@ def mark_dirty(name: str) -> None:
     Lease.objects.filter(name=name).update(dirty=True)
 
 
-def release(name: str, *, holder: str) -> bool:
-    """Let go unless a wake arrived meanwhile; returns True if released.
+def release(name: str, *, holder: str, force: bool = False) -> bool:
+    """Let go unless a wake arrived meanwhile; True when let go with no wake pending.
 
-    False means the lease was marked dirty while held: the dirty flag is cleared and the
-    caller still holds the lease and should run once more.
+    Without `force`, False means the lease was marked dirty while held: the mark is
+    cleared, the caller still holds the lease and should run once more. With `force` the
+    lease is let go either way, and False says a wake arrived that someone must serve.
     """
     released = Lease.objects.filter(name=name, holder=holder, dirty=False).update(
         holder="", expires_at=None
     )
     if released:
         return True
+    if force:
+        Lease.objects.filter(name=name, holder=holder).update(
+            holder="", expires_at=None, dirty=False
+        )
+        return False
     Lease.objects.filter(name=name, holder=holder).update(dirty=False)
     return not Lease.objects.filter(name=name, holder=holder).exists()
 

@@ -114,3 +114,11 @@ def test_sched18_runners_not_online_at_half_the_provision_timeout_are_a_problem(
     stuck = [p for p in problems if p["key"] == "runners.not_progressing"]
     assert stuck and "zoomies-a-1-slow" in stuck[0]["detail"]
     assert "zoomies-a-2-fresh" not in stuck[0]["detail"]
+
+
+def test_a_process_pool_refuses_an_image_that_would_run_an_arbitrary_command(live_server, tokens):
+    body = {"name": "zoomies-sh", "labels": [], "backend": "process", "image": "/bin/sh"}
+    response = call(live_server, "POST", "pools", tokens["write"], json=body)
+    assert response.status_code == 400
+    assert "process backend runs only" in response.text
+    assert not Pool.objects.exists()

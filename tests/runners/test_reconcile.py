@@ -6,7 +6,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import connections
 
 from fleet.models import AgentTask, Host
 from runners import reconcile
@@ -109,7 +109,9 @@ def test_store02_no_transaction_is_open_while_github_is_called(fake_gh, fleet_ro
     """STORE-02: the JIT call happens with the pass's connection outside any transaction."""
     installation, _pool, _host = fleet_rows
     queue_jobs(installation, 2)
-    main_connection = connection
+    # The pass's own connection object, captured in its thread: the mint runs in a worker
+    # thread, where `connection` would name that thread's connection instead.
+    main_connection = connections["default"]
     seen = []
     original = reconcile._mint
 
@@ -185,3 +187,134 @@ def test_a_pool_without_an_installation_or_app_skips_with_a_reason(fleet_rows, m
     reports = reconcile.reconcile_now(now_fn=lambda: T0)
     assert Runner.objects.count() == 0
     assert any("no GitHub App" in line for line in reports[0].skipped)
+
+
+def _start_fake_runner(task):
+    """Run the runner a create task describes, in a thread, as the agent would."""
+    import io
+
+    from runners.github.fake.runner import FakeRunner, decode_jit_config
+
+    config = decode_jit_config(task.payload["env"]["ACTIONS_RUNNER_INPUT_JITCONFIG"])
+    runner = FakeRunner(config, out=io.StringIO(), poll_wait=1)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    return runner, thread
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sched20_a_drain_planned_from_a_stale_snapshot_never_touches_a_busy_runner(
+    fake_gh, fleet_rows
+):
+    """SCHED-20, SCHED-21: the runner turned busy after the snapshot; the drain is dropped."""
+    from runners.scheduler import DrainRunner, Plan
+
+    installation, pool, _host = fleet_rows
+    Pool.objects.filter(pk=pool.pk).update(idle_timeout=timedelta(minutes=5))
+    queue_jobs(installation, 1)
+    reconcile.reconcile_now(now_fn=lambda: T0)
+    runner = Runner.objects.get()
+    Runner.objects.filter(pk=runner.pk).update(state="busy")
+    plan = Plan(drains=(DrainRunner(runner.pk, "idle for 5m (idle timeout)"),))
+    report = reconcile.apply_plan(plan, T0 + timedelta(minutes=6))
+    runner.refresh_from_db()
+    assert runner.state == "busy"
+    assert not report.drained
+    assert not AgentTask.objects.filter(runner=runner, kind="stop_runner").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sched17_a_runner_that_came_online_since_the_snapshot_is_not_failed(fake_gh, fleet_rows):
+    from runners.scheduler import FailRunner, Plan
+
+    installation, _pool, _host = fleet_rows
+    queue_jobs(installation, 1)
+    reconcile.reconcile_now(now_fn=lambda: T0)
+    runner = Runner.objects.get()
+    Runner.objects.filter(pk=runner.pk).update(state="idle")
+    plan = Plan(fails=(FailRunner(runner.pk, "not online 20m after it was created"),))
+    reconcile.apply_plan(plan, T0 + timedelta(minutes=21))
+    runner.refresh_from_db()
+    assert runner.state == "idle"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sched21_scale_down_deregisters_at_github_first_and_leaves_a_runner_github_calls_busy(
+    fake_gh, fleet_rows
+):
+    """SCHED-21, SCHED-20 (PEERS 3): the idle drain asks GitHub first; a 422 "busy" wins."""
+    installation, pool, _host = fleet_rows
+    Pool.objects.filter(pk=pool.pk).update(idle_timeout=timedelta(minutes=5))
+    queue_jobs(installation, 2)
+    reconcile.reconcile_now(now_fn=lambda: T0)
+    first, second = Runner.objects.order_by("pk")
+    for runner in (first, second):
+        Runner.objects.filter(pk=runner.pk).update(state="idle", state_changed_at=T0)
+    Job.objects.all().delete()  # nothing queued any more: both are surplus and idle
+
+    # The first runner is online at GitHub and has just been handed a job there.
+    fake_runner, thread = _start_fake_runner(AgentTask.objects.get(runner=first))
+    try:
+        job_id = fake_gh.queue_job(repo="acme/app", labels=["self-hosted"], duration=30)
+        fake_gh.wait_job(job_id, "in_progress", timeout=10)
+        busy_name = fake_gh.job(job_id)["runner_name"]
+        assert busy_name == first.name
+        later = T0 + timedelta(minutes=6)
+        Host.objects.update(last_heartbeat_at=later)
+        reconcile.reconcile_now(now_fn=lambda: later)
+        registered = {r["name"] for r in fake_gh.runners(installation.github_id)}
+    finally:
+        fake_runner.stop()
+        thread.join(5)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.state == "idle", "GitHub said busy: the drain must not happen"
+    assert second.state == "draining"
+    stop = AgentTask.objects.get(runner=second, kind="stop_runner")
+    assert stop.payload["grace"] == 0
+    assert second.name not in registered and first.name in registered
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run11_draining_a_busy_runner_gives_it_the_drain_grace(fleet_rows):
+    from runners.lifecycle import drain_runner
+
+    _installation, pool, host = fleet_rows
+    runner = Runner.objects.create(
+        name="zoomies-linux-x64-1-a", pool=pool, host=host, state="busy", created_at=T0,
+        state_changed_at=T0,
+    )  # fmt: skip
+    drain_runner(runner, now=T0, actor="user:ada", reason="operator drain")
+    stop = AgentTask.objects.get(runner=runner, kind="stop_runner")
+    assert stop.payload["grace"] == 300
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_pool_never_runs_an_arbitrary_image_as_a_command(fake_gh, fleet_rows):
+    installation, pool, _host = fleet_rows
+    Pool.objects.filter(pk=pool.pk).update(image="/bin/sh")
+    queue_jobs(installation, 1)
+    reports = reconcile.reconcile_now(now_fn=lambda: T0)
+    assert Runner.objects.count() == 0
+    assert any("process backend runs only" in line for line in reports[0].skipped)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sched27_a_wake_during_the_last_round_is_handed_to_a_fresh_pass(fake_gh, fleet_rows):
+    from runners import wake
+
+    before = wake.wake_count
+    original = reconcile.reconcile_once
+
+    def always_woken(now):
+        leases.mark_dirty(reconcile.LEASE_NAME)
+        return original(now)
+
+    reconcile.reconcile_once = always_woken
+    try:
+        reports = reconcile.reconcile_now(now_fn=lambda: T0, max_rounds=3)
+    finally:
+        reconcile.reconcile_once = original
+    assert len(reports) == 3
+    assert wake.wake_count == before + 1
+    assert leases.holder_of(reconcile.LEASE_NAME)[0] == ""
