@@ -19,7 +19,8 @@ CHECKLIST = Path(
 )
 OUT = ROOT / "docs" / "spec-coverage.md"
 ID_LINE = re.compile(r"^- \*\*([A-Z]+)-(\d+)\*\* \((\w+)\) (.*)$")
-NAME_ID = re.compile(r"(?<![a-z])([a-z]+)(\d{2})(?=_|$)")
+# `test_run07_...` or `test_conf_01_...`: a prefix, an optional underscore, two digits.
+NAME_ID = re.compile(r"(?<![a-z])([a-z]+)_?(\d{2})(?=_|$)")
 DOC_ID = re.compile(r"\b([A-Z]{2,6})-(\d{2})\b")
 
 

@@ -87,6 +87,7 @@ def take_lease(*, holder: str, now: datetime, ttl: timedelta, takeover: bool) ->
     if not takeover:
         query = query.filter(free)
     if query.update(holder=holder, expires_at=now + ttl, acquired_at=now, dirty=False):
+        Lease.objects.filter(name=LOST_MARK).delete()
         return
     current = Lease.objects.get(name=LEASE_NAME)
     host, _, pid = current.holder.partition(":")
@@ -95,6 +96,20 @@ def take_lease(*, holder: str, now: datetime, ttl: timedelta, takeover: bool) ->
         f"{current.expires_at:%Y-%m-%d %H:%M:%S}Z; if that controller is gone, "
         "start with --takeover"
     )
+
+
+LOST_MARK = "controller.lease_lost"
+
+
+def record_lease_lost(*, holder: str, now: datetime) -> None:
+    """Leave the mark the problems list reads; only a fresh acquire clears it."""
+    Lease.objects.update_or_create(
+        name=LOST_MARK, defaults={"holder": holder, "acquired_at": now, "expires_at": None}
+    )
+
+
+def lease_lost_since() -> datetime | None:
+    return Lease.objects.filter(name=LOST_MARK).values_list("acquired_at", flat=True).first()
 
 
 def renew_lease(*, holder: str, now: datetime, ttl: timedelta) -> bool:

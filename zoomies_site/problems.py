@@ -37,6 +37,26 @@ def not_progressing(now: datetime) -> list[dict]:
     ]
 
 
+def lease_lost() -> list[dict]:
+    """LEASE-07: raised once a renewal found another holder, until a controller starts clean."""
+    from zoomies_site.controller_lock import lease_lost_since
+
+    since = lease_lost_since()
+    if since is None:
+        return []
+    return [
+        {
+            "key": "controller.lease_lost",
+            "severity": "error",
+            "title": "Another controller took this database's lease",
+            "detail": (
+                f"Since {since:%Y-%m-%d %H:%M:%S} UTC two controllers may be scheduling over "
+                "one database. Stop one of them, then restart the other."
+            ),
+        }
+    ]
+
+
 def problems(now: datetime) -> list[dict]:
     from runners.problems import github_problems
 
@@ -46,4 +66,5 @@ def problems(now: datetime) -> list[dict]:
     ]
     found.extend(github_problems(now))
     found.extend(not_progressing(now))
+    found.extend(lease_lost())
     return found

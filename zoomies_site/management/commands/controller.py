@@ -169,8 +169,10 @@ class Command(BaseCommand):
                     holder=lock.holder, now=timezone.now(), ttl=registry.get("controller.lease_ttl")
                 )
                 if not renewed and not lease_lost:
-                    # LEASE-07: two schedulers are running; say so and keep saying so.
+                    # LEASE-07: two schedulers are running. Say so, and keep saying so: this
+                    # is not a state a process recovers from by trying again.
                     lease_lost = True
+                    controller_lock.record_lease_lost(holder=lock.holder, now=timezone.now())
                 if lease_lost:
                     self.stderr.write("controller.lease_lost: another controller took the lease")
             self.stopping.wait(0.5)
