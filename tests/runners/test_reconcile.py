@@ -318,3 +318,26 @@ def test_sched27_a_wake_during_the_last_round_is_handed_to_a_fresh_pass(fake_gh,
     assert len(reports) == 3
     assert wake.wake_count == before + 1
     assert leases.holder_of(reconcile.LEASE_NAME)[0] == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sched27_reconcile_once_command_runs_one_pass_and_says_what_it_did(fake_gh, fleet_rows):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    installation, _pool, _host = fleet_rows
+    queue_jobs(installation, 1)
+    out = StringIO()
+    call_command("reconcile", "--once", stdout=out)
+    assert "create 1 in zoomies-linux-x64: 1 job queued" in out.getvalue()
+    assert Runner.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sched27_the_django_q2_task_runs_a_pass(fake_gh, fleet_rows):
+    from runners.tasks import reconcile_task
+
+    installation, _pool, _host = fleet_rows
+    queue_jobs(installation, 2)
+    assert reconcile_task() == 2
