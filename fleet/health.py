@@ -3,6 +3,12 @@
 A host is late, then unhealthy, then lost, in that order. Silence is counted from the later
 of its last heartbeat and its last join, so a host that has just joined again is not judged
 by the heartbeats of its previous registration.
+
+Each host is judged in a transaction of its own that reads the host again (locked on
+PostgreSQL; on SQLite the IMMEDIATE transaction already holds the write lock), so a
+heartbeat that lands after the tick's listing but before the judgement always wins: the
+move is a compare-and-set on the health and the heartbeat marks the judgement was made
+from, and runners are failed only by the transaction that made or confirmed the loss.
 """
 
 from __future__ import annotations
@@ -16,8 +22,6 @@ from accounts import audit
 from fleet.actions import fail_live_runners
 from fleet.models import Host
 from fleet.states import HostHealth
-from runners.models import Runner
-from runners.states import LIVE_STATES
 from zoomies_site.registry import format_duration
 
 log = logging.getLogger("zoomies.fleet")
@@ -46,47 +50,46 @@ def check_host_health(now: datetime) -> list[str]:
     lost_after: timedelta = registry.get("host.lost_after")
     reasons: list[str] = []
     for host in Host.objects.order_by("pk"):
-        since = silent_since(host)
-        if since is None:
-            continue  # never joined: nothing to be silent about
-        silence = now - since
-        if silence >= lost_after:
-            reasons += _lose(host, now=now, silence=silence, lost_after=lost_after)
-        elif silence >= timeout and host.health == HostHealth.HEALTHY:
-            reasons += _move(host, HostHealth.UNHEALTHY, now=now, silence=silence)
+        reasons += judge_host(host, now=now, timeout=timeout, lost_after=lost_after)
     return reasons
 
 
-def _move(host: Host, health: str, *, now: datetime, silence: timedelta) -> list[str]:
-    quiet = format_duration(timedelta(seconds=int(silence.total_seconds())))
-    reason = f"host {host.name} {health}: no heartbeat for {quiet}"
-    with transaction.atomic():
-        moved = (
-            Host.objects.filter(pk=host.pk, health=host.health)
-            .exclude(health=health)
-            .update(health=health, health_changed_at=now)
-        )
-        if not moved:
-            return []
-        audit.record(
-            actor=ACTOR,
-            action=f"host.{health}",
-            target=host,
-            detail={"from": host.health, "to": health, "reason": reason},
-            at=now,
-        )
-    log.warning("%s", reason)
-    return [reason]
+def judge_host(
+    listed: Host, *, now: datetime, timeout: timedelta, lost_after: timedelta
+) -> list[str]:
+    """Judge one host's silence; `listed` is the row as the tick read it, possibly stale.
 
-
-def _lose(host: Host, *, now: datetime, silence: timedelta, lost_after: timedelta) -> list[str]:
+    The listed row only spares a transaction for a host that is plainly not silent (its
+    marks only move forward, so a fresher row can only be less silent); everything decided
+    is decided from the row read again inside the transaction.
+    """
+    since = silent_since(listed)
+    if since is None or now - since < timeout:
+        return []
+    if now - since < lost_after and listed.health != HostHealth.HEALTHY:
+        return []  # already unhealthy, not yet lost: nothing to do
     reasons: list[str] = []
-    if host.health != HostHealth.LOST:
-        reasons += _move(host, HostHealth.LOST, now=now, silence=silence)
-    # Runs on every tick, not only on the move: a runner recorded on a lost host after the
-    # move (or one whose failure lost a race) is still failed, and no slot stays counted.
-    if Runner.objects.filter(host=host, state__in=list(LIVE_STATES)).exists():
-        with transaction.atomic():
+    with transaction.atomic():
+        host = Host.objects.select_for_update().filter(pk=listed.pk).first()
+        since = silent_since(host) if host is not None else None
+        if host is None or since is None:
+            return []
+        silence = now - since
+        if silence >= lost_after:
+            target = HostHealth.LOST
+        elif silence >= timeout and host.health == HostHealth.HEALTHY:
+            target = HostHealth.UNHEALTHY
+        else:
+            return []  # a heartbeat or a join landed since the listing
+        if host.health != target:
+            moved = _move(host, target, now=now, silence=silence)
+            if not moved:
+                return []  # a heartbeat won the race: the host is not silent after all
+            reasons += moved
+        if target == HostHealth.LOST:
+            # Made or confirmed lost by this transaction, so no heartbeat can be in between.
+            # Runs on every tick, not only on the move: a runner recorded on a lost host
+            # after the move (or one whose failure lost a race) is still failed.
             reasons += fail_live_runners(
                 host,
                 now=now,
@@ -94,11 +97,40 @@ def _lose(host: Host, *, now: datetime, silence: timedelta, lost_after: timedelt
                 message=f"host {host.name} lost: no heartbeat for {format_duration(lost_after)}",
                 job_failure=LOST_JOB_FAILURE,
             )
+    for reason in reasons:
+        log.warning("%s", reason)
     return reasons
 
 
+def _move(host: Host, health: str, *, now: datetime, silence: timedelta) -> list[str]:
+    """Compare-and-set the health from what `host` (read in this transaction) says.
+
+    Guarded on the heartbeat and join marks as well as the health: the silence was computed
+    from them, so a heartbeat recorded since makes the count 0 instead of losing the host.
+    """
+    quiet = format_duration(timedelta(seconds=int(silence.total_seconds())))
+    reason = f"host {host.name} {health}: no heartbeat for {quiet}"
+    moved = Host.objects.filter(
+        pk=host.pk,
+        health=host.health,
+        last_heartbeat_at=host.last_heartbeat_at,
+        joined_at=host.joined_at,
+    ).update(health=health, health_changed_at=now)
+    if not moved:
+        return []
+    audit.record(
+        actor=ACTOR,
+        action=f"host.{health}",
+        target=host,
+        detail={"from": host.health, "to": health, "reason": reason},
+        at=now,
+    )
+    return [reason]
+
+
 def housekeeping_step(now: datetime) -> list[str]:
-    """The fleet's share of one housekeeping tick: the silence ladder, then the task sweep."""
+    """The fleet's share of one housekeeping tick: the silence ladder, the task sweep, and
+    the work still owed to hosts, rebuilt from rows (TASK-05, TASK-08)."""
     from fleet.taskqueue import sweep_tasks
 
     return check_host_health(now) + sweep_tasks(now)

@@ -118,3 +118,90 @@ def test_host04_a_healthy_host_silent_past_five_minutes_goes_straight_to_lost():
 def test_housekeeping_step_runs_the_ladder_and_the_task_sweep():
     host, _ = join("h1")
     assert housekeeping_step(later(minutes=2)) == ["host h1 unhealthy: no heartbeat for 2m"]
+
+
+# -- a heartbeat racing the judgement ------------------------------------------------------
+
+
+def heartbeat_after_the_listing(monkeypatch, host: Host, at) -> None:
+    """Record a heartbeat for `host` right after the tick first looks at its listed row:
+    the race a real heartbeat wins between the listing and the judgement."""
+    from fleet import health as health_module
+
+    real = health_module.silent_since
+    fired = []
+
+    def silent_since(row: Host):
+        answer = real(row)
+        if row.pk == host.pk and not fired:
+            fired.append(True)
+            actions.record_heartbeat(host=Host.objects.get(pk=host.pk), facts={}, now=at)
+        return answer
+
+    monkeypatch.setattr(health_module, "silent_since", silent_since)
+
+
+@pytest.mark.django_db
+def test_host04_a_heartbeat_landing_after_the_tick_read_the_host_keeps_it_and_its_runners(
+    monkeypatch,
+):
+    """HOST-04: the tick listed the host silent for 6 min, then a heartbeat arrived before the
+    judgement: the host stays healthy and none of its runners is failed."""
+    host, _ = join("h1")
+    actions.record_heartbeat(host=host, facts={}, now=T0)
+    busy = make_runner(host, "busy")
+    heartbeat_after_the_listing(monkeypatch, host, later(minutes=5, seconds=50))
+
+    assert check_host_health(later(minutes=6)) == []
+    assert health(host) == "healthy"
+    busy.refresh_from_db()
+    assert busy.state == "busy"
+    assert not AuditLog.objects.filter(action="host.lost").exists()
+
+
+@pytest.mark.django_db
+def test_host03_a_heartbeat_landing_after_the_tick_read_the_host_keeps_it_healthy(monkeypatch):
+    """HOST-03: the same race one rung lower: no unhealthy move from a stale listing."""
+    host, _ = join("h1")
+    actions.record_heartbeat(host=host, facts={}, now=T0)
+    heartbeat_after_the_listing(monkeypatch, host, later(95))
+
+    assert check_host_health(later(100)) == []
+    assert health(host) == "healthy"
+    assert not AuditLog.objects.filter(action="host.unhealthy").exists()
+
+
+@pytest.mark.django_db
+def test_host04_judging_a_stale_row_rereads_the_host_before_losing_it():
+    """HOST-04: the per-host judgement handed the row as the tick listed it, with a heartbeat
+    recorded since, decides from the fresh row: no move and no failed runner."""
+    from datetime import timedelta
+
+    from fleet.health import judge_host
+
+    host, _ = join("h1")
+    actions.record_heartbeat(host=host, facts={}, now=T0)
+    idle = make_runner(host, "idle")
+    stale = Host.objects.get(pk=host.pk)
+    actions.record_heartbeat(host=host, facts={}, now=later(minutes=5, seconds=59))
+
+    reasons = judge_host(
+        stale,
+        now=later(minutes=6),
+        timeout=timedelta(seconds=90),
+        lost_after=timedelta(minutes=5),
+    )
+    assert reasons == []
+    assert health(host) == "healthy"
+    idle.refresh_from_db()
+    assert idle.state == "idle"
+    # With no heartbeat since, the same stale row does lose the host and fail its runner.
+    reasons = judge_host(
+        stale,
+        now=later(minutes=12),
+        timeout=timedelta(seconds=90),
+        lost_after=timedelta(minutes=5),
+    )
+    assert reasons[0] == "host h1 lost: no heartbeat for 6m1s"
+    idle.refresh_from_db()
+    assert idle.state == "failed"
