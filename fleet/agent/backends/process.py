@@ -8,6 +8,19 @@
 
 The runner is started through process_shim in its own session, so it survives an agent
 restart and its exit code is still learned from the file (AGENT-23).
+
+What a runner gets from the agent (SEC-05): its environment is built from an allow-list of
+the agent's own variables (`INHERITED_ENV`: the path, the locale, the user and their home)
+plus the task's `env`, and nothing else. The embedded agent runs inside the controller, so
+its environment holds the controller's secrets (ZOOMIES_SECRET_KEY, ZOOMIES_DATABASE_URL,
+webhook secrets): no variable of the agent's reaches a job unless it is on the list, and no
+ZOOMIES_* one ever does. The runner's working directory is its own `work/`.
+
+The limit of this backend: a runner is a process of the agent's own user. Nothing between
+two processes of one user stops the job from reading what that user can read -- the agent's
+state directory, and for the embedded agent the controller's data directory beside it (the
+database, the sealing key). Use the process backend only on a trusted, single-tenant host
+(a job is as trusted as the operator); the container backends are what isolate a job.
 """
 
 from __future__ import annotations
@@ -50,8 +63,10 @@ SHIM_MODULE = "fleet.agent.backends.process_shim"
 # The directory that holds the `fleet` package: the shim is started with it as its cwd so
 # `python -m` finds the module without a PYTHONPATH the runner would inherit.
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]
-# Never handed to a runner: the agent's own credentials.
-SECRET_ENV = ("ZOOMIES_JOIN_TOKEN",)
+# SEC-05: the only variables of the agent's own environment a runner inherits. Everything
+# else (above all ZOOMIES_*, the controller's secrets when the agent is embedded) stays out;
+# a runner needs more only through its task's `env`.
+INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL")
 KILL_WAIT = 5.0
 POLL_INTERVAL = 0.05
 
@@ -71,7 +86,11 @@ def process_identity(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, in
 
 
 class ProcessBackend(Backend):
-    """Runs each runner's command as a child process under `<work_dir>/runners/`."""
+    """Runs each runner's command as a child process under `<work_dir>/runners/`.
+
+    For trusted single-tenant hosts only: the runner runs as the agent's user, so it is kept
+    from the agent's secrets by its environment (an allow-list) but not by file permissions.
+    """
 
     name = "process"
 
@@ -87,9 +106,7 @@ class ProcessBackend(Backend):
         self.work_dir = Path(work_dir)
         self.runners_dir = self.work_dir / "runners"
         self.python = python
-        self.base_env = dict(os.environ if base_env is None else base_env)
-        for key in SECRET_ENV:
-            self.base_env.pop(key, None)
+        self.base_env = runner_base_env(os.environ if base_env is None else base_env)
         self.cgroup_root = cgroup_root
         self.proc_root = proc_root
         # Shims this process started: polled so they do not linger as zombies.
@@ -279,6 +296,11 @@ class ProcessBackend(Backend):
             child = self._children.get(runner_id)
             if child is not None and child.poll() is not None:
                 del self._children[runner_id]
+
+
+def runner_base_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a runner inherits from the agent's environment: the allow-list, nothing else."""
+    return {key: environ[key] for key in INHERITED_ENV if key in environ}
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

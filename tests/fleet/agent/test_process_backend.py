@@ -175,3 +175,63 @@ def test_host08_work_dir_space(tmp_path):
     space = work_dir_space(tmp_path)
     assert space is not None and space.total_mb > 0 and 0 <= space.free_mb <= space.total_mb
     assert work_dir_space(tmp_path / "absent") is None
+
+
+# -- SEC-05: what a runner inherits from the agent ----------------------------------------
+
+PRINT_ENV = "import json, os; print(json.dumps({'env': dict(os.environ), 'cwd': os.getcwd()}))"
+CONTROLLER_SECRETS = {
+    "ZOOMIES_SECRET_KEY": "sealing-key",
+    "ZOOMIES_DATABASE_URL": "postgres://zoomies:pw@db/zoomies",
+    "ZOOMIES_DJANGO_SECRET": "django-secret",
+    "ZOOMIES_GITHUB_WEBHOOK_SECRETS": "hook-secret",
+    "ZOOMIES_JOIN_TOKEN": "zjt_x",
+}
+
+
+def printed(backend: ProcessBackend, runner_id: int) -> dict:
+    assert wait_until(lambda: exited(backend, runner_id)).exit_code == 0, backend.logs(runner_id)
+    return json.loads(backend.logs(runner_id))
+
+
+def test_sec05_a_runner_sees_none_of_the_agents_zoomies_variables_only_its_tasks_env(tmp_path):
+    """SEC-05: the embedded agent's environment is the controller's; a job sees only the
+    allow-listed basics and its own task's env (which may itself name ZOOMIES_* keys)."""
+    agent_env = {
+        **CONTROLLER_SECRETS,
+        "PATH": os.environ["PATH"],
+        "HOME": "/home/agent",
+        "LANG": "C.UTF-8",
+        "AWS_SECRET_ACCESS_KEY": "not-for-jobs",
+        "DJANGO_SETTINGS_MODULE": "zoomies_site.settings",
+    }
+    backend = ProcessBackend(tmp_path / "work", base_env=agent_env)
+    try:
+        backend.create(spec(30, PRINT_ENV, JIT="jit-30", ZOOMIES_DOCKER_WAIT="180"))
+        seen = printed(backend, 30)
+    finally:
+        backend.remove(30)
+    env = seen["env"]
+    assert env["JIT"] == "jit-30" and env["ZOOMIES_DOCKER_WAIT"] == "180"  # the task's own
+    assert (env["PATH"], env["HOME"], env["LANG"]) == (os.environ["PATH"], "/home/agent", "C.UTF-8")
+    leaked = {k for k in env if k.startswith("ZOOMIES_")} - {"ZOOMIES_DOCKER_WAIT"}
+    assert leaked == set()
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "DJANGO_SETTINGS_MODULE" not in env
+    for secret in CONTROLLER_SECRETS.values():
+        assert secret not in json.dumps(env)
+
+
+def test_sec05_by_default_the_agents_process_environment_is_filtered_too(tmp_path, monkeypatch):
+    """SEC-05: without an explicit base_env the backend reads os.environ (the controller's,
+    for the embedded agent) through the same allow-list; the runner's cwd is its own."""
+    for key, value in CONTROLLER_SECRETS.items():
+        monkeypatch.setenv(key, value)
+    backend = ProcessBackend(tmp_path / "work")
+    try:
+        backend.create(spec(31, PRINT_ENV, JIT="jit-31"))
+        seen = printed(backend, 31)
+    finally:
+        backend.remove(31)
+    assert not [k for k in seen["env"] if k.startswith("ZOOMIES_")]
+    assert seen["env"]["JIT"] == "jit-31"
+    assert seen["cwd"] == str(backend.run_dir(31) / "work")
