@@ -40,7 +40,10 @@ MISSING_GRACE = 60.0  # AGENT-17: a new runner the backend does not list yet is 
 SHUTDOWN_GRACE = 30.0  # AGENT-19: how long shutdown waits for tasks in flight
 MAX_BACKOFF = 30.0
 RESULT_ATTEMPTS = 3
-DEFAULT_STOP_TIMEOUT = 300.0
+# stop_runner (docs/agent-protocol.md): `grace` to exit on its own, then SIGTERM, then
+# SIGKILL `timeout` later. The controller sends both; these are for a payload without them.
+DEFAULT_STOP_GRACE = 0.0
+DEFAULT_STOP_TIMEOUT = 30.0
 
 Clock = Callable[[], float]
 # wait(seconds) sleeps up to `seconds` and answers whether the loop should end.
@@ -478,9 +481,10 @@ class Agent:
             if tracked is None:
                 return True, None, True  # nothing on this host to stop
             tracked.stopped_by_agent = True
-        timeout = float(task.payload.get("timeout") or DEFAULT_STOP_TIMEOUT)
+        grace = _seconds(task.payload.get("grace"), DEFAULT_STOP_GRACE)
+        timeout = _seconds(task.payload.get("timeout"), DEFAULT_STOP_TIMEOUT)
         try:
-            self.backends[tracked.backend].stop(rid, timeout)
+            self.backends[tracked.backend].stop(rid, timeout, grace=grace)
         except BackendError as exc:
             return False, str(exc), True
         self._wake_reconcile.set()
@@ -803,6 +807,16 @@ def _report(
         "exit_code": exit_code,
         "message": message,
     }
+
+
+def _seconds(value: Any, default: float) -> float:
+    """A payload's duration in seconds; the default for one absent or not a sane number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    value = float(value)
+    if not 0 <= value < 86400:  # also catches NaN
+        return default
+    return value
 
 
 def _sane_interval(value: float) -> float:

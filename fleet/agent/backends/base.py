@@ -119,8 +119,10 @@ class Backend(ABC):
         """Every workload this backend manages, running or exited."""
 
     @abstractmethod
-    def stop(self, runner_id: int, timeout: float) -> None:
-        """Ask politely, wait up to `timeout` seconds, then force. A missing workload is fine."""
+    def stop(self, runner_id: int, timeout: float, grace: float = 0.0) -> None:
+        """Wait up to `grace` seconds for the workload to exit on its own (a draining runner
+        finishing its job, RUN-11), then ask politely, wait up to `timeout` seconds, then
+        force. A missing or already exited workload is fine."""
 
     @abstractmethod
     def remove(self, runner_id: int) -> None:

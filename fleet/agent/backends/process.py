@@ -210,10 +210,14 @@ class ProcessBackend(Backend):
                     workloads.append(workload)
         return workloads
 
-    def stop(self, runner_id: int, timeout: float) -> None:
+    def stop(self, runner_id: int, timeout: float, grace: float = 0.0) -> None:
         run_dir = self.run_dir(runner_id)
         meta = _read_meta(run_dir)
         if meta is None or not self._alive(meta):
+            return
+        # RUN-11: first the grace, unsignalled, for a draining runner to finish its job and
+        # exit by itself; only then SIGTERM, and SIGKILL after `timeout`.
+        if grace > 0 and self._wait_gone(runner_id, meta, grace):
             return
         self._signal_group(meta, signal.SIGTERM)
         if self._wait_gone(runner_id, meta, timeout):

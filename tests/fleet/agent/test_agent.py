@@ -331,3 +331,38 @@ def test_run18_a_refused_end_is_final(make_agent, controller, clock, dirs):
     agent.reconcile_once(clock())
     assert len(controller.reports_for(19)) == 2
     assert not (dirs[1] / "runners" / "19").exists()
+
+
+def test_run11_a_stop_with_a_grace_lets_the_runner_finish_its_job_unsignalled(
+    make_agent, controller, clock
+):
+    """RUN-11: stop_runner's `grace` is waited out before any signal, so a draining runner
+    that finishes its job within it ends with its own exit code, not SIGTERM's."""
+    agent = make_agent()
+    agent.connect()
+    controller.enqueue_create(20, [PY, "-c", "import time; time.sleep(0.8)"])
+    agent.poll_once(wait=0)
+    stop_id = controller.enqueue("stop_runner", 20, {"grace": 10, "timeout": 5})
+    agent.poll_once(wait=0)
+
+    assert controller.result_of(stop_id)["ok"] is True
+    agent.reconcile_once(clock())
+    end = controller.reports_for(20)[-1]
+    assert (end["state"], end["exit_code"]) == ("removed", 0)
+
+
+def test_run11_a_stop_without_a_grace_signals_at_once(make_agent, controller, clock):
+    """RUN-11: grace defaults to 0 (an idle runner is stopped at once)."""
+    import time
+
+    agent = make_agent()
+    agent.connect()
+    controller.enqueue_create(21, LONG)
+    agent.poll_once(wait=0)
+    stop_id = controller.enqueue("stop_runner", 21, {"timeout": 5})
+    started = time.monotonic()
+    agent.poll_once(wait=0)
+    assert time.monotonic() - started < 5
+    assert controller.result_of(stop_id)["ok"] is True
+    agent.reconcile_once(clock())
+    assert controller.reports_for(21)[-1]["exit_code"] == 128 + 15

@@ -235,3 +235,41 @@ def test_sec05_by_default_the_agents_process_environment_is_filtered_too(tmp_pat
     assert not [k for k in seen["env"] if k.startswith("ZOOMIES_")]
     assert seen["env"]["JIT"] == "jit-31"
     assert seen["cwd"] == str(backend.run_dir(31) / "work")
+
+
+# -- stop: the grace first, then SIGTERM, then SIGKILL (RUN-11) ---------------------------
+
+
+def test_run11_stop_first_waits_the_grace_for_the_runner_to_exit_on_its_own(backend):
+    """RUN-11: a draining runner finishing its job within the grace is never signalled."""
+    code = "import time; print('ready', flush=True); time.sleep(0.5); print('job done')"
+    backend.create(spec(40, code))
+    wait_until(lambda: b"ready" in backend.logs(40))
+    backend.stop(40, timeout=5, grace=10)
+    workload = backend.inspect(40)
+    assert (workload.status, workload.exit_code) == (WorkloadStatus.EXITED, 0)
+    assert b"job done" in backend.logs(40)
+
+
+def test_run11_after_the_grace_stop_sends_sigterm_then_sigkill_after_the_timeout(backend):
+    """RUN-11: a job still running when the grace ends is stopped: SIGTERM, and SIGKILL once
+    `timeout` has passed after it."""
+    import time
+
+    backend.create(spec(41, "print('ready', flush=True); import time; time.sleep(30)"))
+    wait_until(lambda: b"ready" in backend.logs(41))
+    started = time.monotonic()
+    backend.stop(41, timeout=5, grace=0.4)
+    assert time.monotonic() - started >= 0.4
+    assert backend.inspect(41).exit_code == 128 + signal.SIGTERM
+
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(30)"
+    )
+    backend.create(spec(42, stubborn))
+    wait_until(lambda: b"ready" in backend.logs(42))
+    started = time.monotonic()
+    backend.stop(42, timeout=0.3, grace=0.3)
+    assert time.monotonic() - started >= 0.6
+    assert backend.inspect(42).exit_code == 128 + signal.SIGKILL
