@@ -22,6 +22,7 @@ from accounts import audit
 from fleet.models import AgentTask, Host, JoinToken
 from fleet.selectors import AGENT_TOKEN_PREFIX, JOIN_TOKEN_PREFIX, hash_secret
 from fleet.states import HostHealth, TaskKind, TaskState
+from runners.actions import link_job_runner
 from runners.lifecycle import fail_runner
 from runners.models import Job, Runner
 from runners.states import LIVE_STATES, TERMINAL_STATES, JobStatus, RunnerState
@@ -495,21 +496,45 @@ def apply_reports(*, host: Host, reports: list[dict], now: datetime) -> tuple[li
     return accepted, refused
 
 
+def _catch_up_started_job(runner: Runner, *, now: datetime, actor: str) -> None:
+    """RUN-16, HOOK-05: GitHub's in_progress can arrive while the runner is still
+    provisioning, where busy is off the allow-list and the move was dropped; the job row kept
+    it. Once the runner is registering or idle, that stored GitHub signal makes it busy
+    (registering->busy and idle->busy are drawn edges), so a running job is never left on a
+    runner the scheduler thinks is idle."""
+    job = (
+        Job.objects.filter(
+            Q(runner_name=runner.name) | Q(runner=runner), status=JobStatus.IN_PROGRESS
+        )
+        .order_by("pk")
+        .first()
+    )
+    if job is None:
+        return
+    if link_job_runner(job, now=now, actor=actor) is None and job.runner_id == runner.pk:
+        # Linked by id but unnamed: link_job_runner finds runners by name only.
+        transition_runner(
+            runner.pk, RunnerState.BUSY, now=now, actor=actor, reason=f"job {job.github_id} started"
+        )
+
+
 def _apply_report(runner: Runner, report: dict, *, now: datetime, actor: str) -> None:
     state = report.get("state")
     phase = report.get("phase")
     exit_code = report.get("exit_code")
     message = (report.get("message") or "").strip()
     live = runner.state not in TERMINAL_STATES
+    # Whether this report moved the runner to where GitHub's in_progress can land (below).
+    came_online = False
     # `registering` moves only a row still provisioning: one drained meanwhile stays draining.
     if runner.state == RunnerState.PROVISIONING and state == "registering":
-        transition_runner(
+        came_online = transition_runner(
             runner.pk,
             RunnerState.REGISTERING,
             now=now,
             actor=actor,
             reason="the agent started the workload",
-        )
+        ).changed
     elif live and state == "removed":
         transition_runner(
             runner.pk, RunnerState.REMOVED, now=now, actor=actor, reason="the workload exited"
@@ -532,13 +557,15 @@ def _apply_report(runner: Runner, report: dict, *, now: datetime, actor: str) ->
     if live and phase == "running":
         current = Runner.objects.filter(pk=runner.pk).values_list("state", flat=True).first()
         if current == RunnerState.REGISTERING:
-            transition_runner(
+            came_online |= transition_runner(
                 runner.pk,
                 RunnerState.IDLE,
                 now=now,
                 actor=actor,
                 reason="the runner process is running",
-            )
+            ).changed
+    if came_online:
+        _catch_up_started_job(runner, now=now, actor=actor)
     extra: dict = {}
     if phase is not None:
         extra["phase"] = phase[:32]

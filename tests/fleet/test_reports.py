@@ -138,3 +138,92 @@ def test_a_malformed_report_body_is_400_and_an_unknown_state_refused(agent_api):
     body = report(agent_api, token, {"runner_id": runner.pk, "state": "busy"})
     assert body == {"accepted": [], "refused": [runner.pk]}
     assert agent_api.post("reports", {"reports": []}, token="zat_x").status_code == 401
+
+
+# -- an in_progress that arrived while the runner was still provisioning -----------------
+
+
+def job_started_early(runner: Runner, github_id: int = 41):
+    """GitHub's in_progress for `runner`, delivered while it is still provisioning: busy is
+    not reachable from provisioning, so the move is dropped and only the job row keeps it."""
+    from runners.actions import JobUpdate, apply_job_update
+
+    job = apply_job_update(
+        JobUpdate(
+            github_id=github_id,
+            status="in_progress",
+            repository="acme/app",
+            runner_name=runner.name,
+        ),
+        installation=None,
+        now=later(3),
+        source="webhook",
+        actor="system:webhook",
+    )
+    runner.refresh_from_db()
+    assert runner.state == "provisioning"
+    return job
+
+
+@pytest.mark.django_db
+def test_run16_hook05_an_early_in_progress_makes_the_runner_busy_once_it_is_registering():
+    """RUN-16, HOOK-05: the in_progress that arrived during provisioning is not lost: the
+    registering report lets it land, and the job is linked to the runner."""
+    host, _ = join("h1")
+    runner = make_runner(host, "provisioning")
+    job = job_started_early(runner)
+
+    actions.apply_reports(
+        host=host, reports=[{"runner_id": runner.pk, "state": "registering"}], now=later(5)
+    )
+    runner.refresh_from_db()
+    job.refresh_from_db()
+    assert runner.state == "busy"
+    assert job.runner_id == runner.pk
+
+
+@pytest.mark.django_db
+def test_run16_an_early_in_progress_is_not_undone_by_the_running_phase():
+    """RUN-16: registering and running in one report end busy, never idle, for a runner whose
+    job GitHub already said had started."""
+    host, _ = join("h1")
+    runner = make_runner(host, "provisioning")
+    job_started_early(runner)
+
+    actions.apply_reports(
+        host=host,
+        reports=[{"runner_id": runner.pk, "state": "registering", "phase": "running"}],
+        now=later(5),
+    )
+    runner.refresh_from_db()
+    assert runner.state == "busy"
+    # The running phase reported again changes nothing.
+    actions.apply_reports(
+        host=host, reports=[{"runner_id": runner.pk, "phase": "running"}], now=later(7)
+    )
+    runner.refresh_from_db()
+    assert runner.state == "busy"
+
+
+@pytest.mark.django_db
+def test_run16_without_a_started_job_a_running_runner_is_idle():
+    """RUN-16: only a GitHub signal makes a runner busy; a completed job is no such signal."""
+    from runners.models import Job
+
+    host, _ = join("h1")
+    runner = make_runner(host, "provisioning")
+    Job.objects.create(
+        github_id=42,
+        repository="acme/app",
+        status="completed",
+        runner_name=runner.name,
+        created_at=T0,
+        updated_at=T0,
+    )
+    actions.apply_reports(
+        host=host,
+        reports=[{"runner_id": runner.pk, "state": "registering", "phase": "running"}],
+        now=later(5),
+    )
+    runner.refresh_from_db()
+    assert runner.state == "idle"
