@@ -57,9 +57,19 @@ def webhook_fresh_window() -> timedelta:
     return max(WEBHOOK_FRESH_INTERVALS * _registry("github.poll_interval"), WEBHOOK_FRESH_FLOOR)
 
 
-def webhooks_arriving(installation: Installation, now: datetime) -> bool:
+def webhooks_arriving(
+    installation: Installation, now: datetime, started_at: datetime | None = None
+) -> bool:
+    """Whether this installation's own deliveries are arriving (POLL-03).
+
+    Only deliveries since this controller started count: GitHub does not redeliver what a
+    stopped or crashed controller refused, so the first sweep after a start polls every
+    installation and catches up on whatever happened meanwhile.
+    """
     last = installation.last_webhook_at
-    return last is not None and now - last < webhook_fresh_window()
+    if last is None or (started_at is not None and last < started_at):
+        return False
+    return now - last < webhook_fresh_window()
 
 
 def under_standdown(installation: Installation, now: datetime) -> bool:
@@ -254,7 +264,13 @@ def _poll_installation(installation: Installation, client, now: datetime, report
         _settle_vanished(installation, client, repo, listed, now, report)
 
 
-def poll_step(now: datetime, *, app=None, clock: Clock | None = None) -> PollReport:
+def poll_step(
+    now: datetime,
+    *,
+    app=None,
+    clock: Clock | None = None,
+    started_at: datetime | None = None,
+) -> PollReport:
     """One sweep of the poll fallback over every active installation (POLL-01..07).
 
     `app` is the GitHubApp (default: the configured one); `clock` is the clock its
@@ -277,7 +293,7 @@ def poll_step(now: datetime, *, app=None, clock: Clock | None = None) -> PollRep
         if under_standdown(installation, now):
             report.skipped_standdown.append(gid)
             continue
-        if webhooks_arriving(installation, now):
+        if webhooks_arriving(installation, now, started_at):
             report.skipped_webhooks.append(gid)
             continue
         client = app.for_installation(gid)

@@ -31,15 +31,20 @@ def housekeeping_task() -> int:
     return len(housekeeping_step(timezone.now()).lines)
 
 
-def poll_task() -> str:
-    """One poll sweep at a time: a slow sweep must not overlap the next and spend quota twice."""
+def poll_task(started_at: str | None = None) -> str:
+    """One poll sweep at a time: a slow sweep must not overlap the next and spend quota twice.
+
+    `started_at` is when the controller started: deliveries from before it do not count as
+    arriving, so the first sweep after a restart catches up on what was missed.
+    """
     from runners.poller import poll_step
 
     holder = _holder()
     if not leases.acquire("poll", holder=holder, now=timezone.now(), ttl=SWEEP_LEASE_TTL):
         return "another poll sweep is running"
     try:
-        return str(poll_step(timezone.now()))
+        since = datetime.fromisoformat(started_at) if started_at else None
+        return str(poll_step(timezone.now(), started_at=since))
     finally:
         leases.release("poll", holder=holder, force=True)
 

@@ -69,7 +69,7 @@ def default_ticker(started_at: datetime) -> Ticker:
             Periodic(
                 "poll",
                 every("github.poll_interval"),
-                lambda now: enqueue("runners.tasks.poll_task"),
+                lambda now: enqueue("runners.tasks.poll_task", started_at.isoformat()),
             ),
             # The reap decides per installation whether it is due (POLL-10).
             Periodic(

@@ -128,6 +128,17 @@ class Controller:
         except OSError:
             return ""
 
+    def kill(self) -> None:
+        """SIGKILL the controller alone, as a crash would; its children die with it."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+        wait_for(self._port_closed, 30, f"port {self.port} to close after the kill")
+
+    def _port_closed(self) -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.port)) != 0
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return

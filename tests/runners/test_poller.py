@@ -233,6 +233,28 @@ def test_poll03_webhooks_that_stopped_longer_ago_than_the_window_no_longer_count
     assert Job.objects.count() == 1
 
 
+@pytest.mark.django_db
+def test_poll03_deliveries_from_before_a_restart_do_not_count_so_the_first_sweep_catches_up(
+    fake, app, clock, django_capture_on_commit_callbacks
+):
+    """POLL-03: GitHub never redelivers what a stopped controller refused."""
+    acme = install(fake, "acme", ("app",))
+    Installation.objects.filter(pk=acme.pk).update(
+        last_webhook_at=clock.now() - timedelta(minutes=2)
+    )
+    missed = fake.queue_job("acme/app", LABELS)
+    started_at = clock.now() - timedelta(seconds=30)  # the controller restarted after it
+    with django_capture_on_commit_callbacks(execute=True):
+        report = poll_step(clock.now(), app=app, clock=clock, started_at=started_at)
+    assert report.polled == [acme.github_id]
+    assert list(Job.objects.values_list("github_id", flat=True)) == [missed]
+    # A delivery after the start counts again: the next sweep leaves it to the webhooks.
+    Installation.objects.filter(pk=acme.pk).update(last_webhook_at=clock.now())
+    with django_capture_on_commit_callbacks(execute=True):
+        report = poll_step(clock.now(), app=app, clock=clock, started_at=started_at)
+    assert report.skipped_webhooks == [acme.github_id]
+
+
 # -- POLL-04 -----------------------------------------------------------------------------------
 
 

@@ -25,6 +25,16 @@ from zoomies_site import controller_lock, registry
 from zoomies_site.ticker import default_ticker
 
 
+def _die_with_parent() -> None:
+    """Runs in each child before exec: the kernel sends it SIGTERM when the controller dies,
+    however it dies (SIGKILL included), so no web server or worker outlives its controller
+    and keeps serving the port or working the queue."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def split_bind(bind: str) -> tuple[str, int]:
     host, _, port = bind.rpartition(":")
     if not host or not port.isdigit():
@@ -110,7 +120,11 @@ class Command(BaseCommand):
 
     def _spawn(self, manage_args: list[str]) -> subprocess.Popen:
         manage = Path(settings.BASE_DIR) / "manage.py"
-        return subprocess.Popen([sys.executable, str(manage), *manage_args], env=os.environ.copy())
+        return subprocess.Popen(
+            [sys.executable, str(manage), *manage_args],
+            env=os.environ.copy(),
+            preexec_fn=_die_with_parent,
+        )
 
     def _spawn_daphne(self, host: str, port: int) -> subprocess.Popen:
         return subprocess.Popen(
@@ -128,6 +142,7 @@ class Command(BaseCommand):
             ],  # fmt: skip
             cwd=str(settings.BASE_DIR),
             env=os.environ.copy(),
+            preexec_fn=_die_with_parent,
         )
 
     def _wait_ready(self, base_url: str, children: list[subprocess.Popen]) -> None:
