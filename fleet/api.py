@@ -4,6 +4,11 @@ Thin views: parse, authenticate the agent by the sha256 of its bearer token, cal
 action, answer JSON. Errors have one shape, `{"error": "<sentence>"}`. The task long-poll
 is an async view that touches the ORM only through short `sync_to_async` calls, each of
 which gives its connection back before the wait (DESIGN.md pitfalls).
+
+Those calls are not thread-sensitive: under ASGI every thread-sensitive call (each sync
+view, the admin, the API) queues on one shared thread, and a fleet of polling agents would
+queue there with them. They run on the executor's pool instead; each opens its own
+connection on the pool thread it lands on and closes it before returning.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Callable
 from functools import wraps
 
 from asgiref.sync import sync_to_async
-from django.db import connection
+from django.db import connections
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -165,10 +170,18 @@ def task_wire(task: AgentTask) -> dict:
 
 
 def _release_connection() -> None:
-    # CONN_MAX_AGE is 0, but only the request's end would close it: close it now so no
-    # connection is held while the poll waits. Never inside an atomic block (a test's).
-    if not connection.in_atomic_block:
-        connection.close()
+    # CONN_MAX_AGE is 0, but only a request's end would close it, and a pool thread never
+    # sees one: close every connection this thread opened, so none is held while the poll
+    # waits or left behind on the pool thread. Never inside an atomic block (a test's).
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close()
+
+
+# The long-poll's database calls: short, self-contained, and off the thread-sensitive
+# executor (see the module docstring).
+def _off_the_shared_thread(func: Callable) -> Callable:
+    return sync_to_async(func, thread_sensitive=False)
 
 
 def _authenticate(token: str | None) -> tuple[int | None, float]:
@@ -206,7 +219,7 @@ async def tasks(request: HttpRequest) -> JsonResponse:
     """`GET tasks?wait=N`: the host's tasks at once, or after a wake, or `[]` after N s."""
     if request.method != "GET":
         return error("use GET", 405, Allow="GET")
-    host_id, default_wait = await sync_to_async(_authenticate)(bearer_token(request))
+    host_id, default_wait = await _off_the_shared_thread(_authenticate)(bearer_token(request))
     if host_id is None:
         return unauthorized()
     try:
@@ -215,7 +228,7 @@ async def tasks(request: HttpRequest) -> JsonResponse:
         return error(str(exc), exc.status)
     deadline = time.monotonic() + wait
     while True:
-        taken = await sync_to_async(_take)(host_id)
+        taken = await _off_the_shared_thread(_take)(host_id)
         remaining = deadline - time.monotonic()
         if taken or remaining <= 0:
             return JsonResponse({"tasks": taken})

@@ -5,6 +5,7 @@ one watcher per process (TASK-13), and a host's token reaching only its own task
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import timedelta
@@ -291,3 +292,48 @@ def test_task13_many_waiting_agents_share_one_watcher_and_one_query_per_look(age
     for thread, out in polls:
         thread.join(10)
         assert out["answer"].json() == {"tasks": []}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task13_the_long_poll_never_queues_on_the_shared_sync_thread(monkeypatch):
+    """TASK-13: under ASGI every thread-sensitive sync call shares one thread; the long-poll's
+    database calls must not wait behind it (a slow admin page would stall every agent), and
+    they leave no connection open on the pool thread that ran them."""
+    import asyncio
+
+    from asgiref.sync import async_to_sync, sync_to_async
+    from django.db import connections
+    from django.test import AsyncRequestFactory
+
+    from fleet import api
+
+    host, token = join("h1")
+    task = enqueue(host, make_runner(host))
+    left_open: list[str] = []
+    real_release = api._release_connection
+
+    def release_and_check() -> None:
+        real_release()
+        left_open.extend(
+            c.alias for c in connections.all(initialized_only=True) if c.connection is not None
+        )
+
+    async def scenario():
+        gate = threading.Event()
+        # Hog the one thread-sensitive thread, as a slow sync view would.
+        hog = asyncio.ensure_future(sync_to_async(gate.wait)(10))
+        await asyncio.sleep(0.1)
+        request = AsyncRequestFactory().get(
+            "/api/v1/agent/tasks", {"wait": "0"}, headers={"Authorization": f"Bearer {token}"}
+        )
+        try:
+            return await asyncio.wait_for(api.tasks(request), timeout=3)
+        finally:
+            gate.set()
+            await hog
+
+    monkeypatch.setattr(api, "_release_connection", release_and_check)
+    answer = async_to_sync(scenario)()
+    assert answer.status_code == 200
+    assert [t["id"] for t in json.loads(answer.content)["tasks"]] == [task.pk]
+    assert left_open == []
