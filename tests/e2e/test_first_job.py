@@ -7,8 +7,10 @@ real HTTP server in this process; the runner is the fake runner in its own proce
 
 from __future__ import annotations
 
+import threading
 import time
 
+import httpx
 import pytest
 
 from runners.reconcile import FAKE_RUNNER_IMAGE
@@ -45,6 +47,66 @@ def api_job(controller, github_id):
         if job["github_id"] == github_id:
             return job
     return None
+
+
+def jit_mints(fake):
+    return [c for c in fake.calls if c[0] == "POST" and c[1].endswith("/generate-jitconfig")]
+
+
+def wait_all_completed(controller, fake, jobs, what):
+    wait_for(lambda: all(fake.job(j)["status"] == "completed" for j in jobs), 90, what)
+    return wait_for(
+        lambda: (
+            (rows := [api_job(controller, j) for j in jobs])
+            and all(r and r["status"] == "completed" for r in rows)
+            and rows
+        ),
+        30,
+        "the controller to record every job completed",
+    )
+
+
+class StatusWatch:
+    """Reads GET /api/v1/jobs every 50 ms on a thread; each job's distinct statuses in order."""
+
+    RANK = {"waiting": 0, "queued": 0, "in_progress": 1, "completed": 2}
+
+    def __init__(self, controller, jobs):
+        self.controller, self.jobs = controller, set(jobs)
+        self.seen: dict[int, list[str]] = {j: [] for j in jobs}
+        self.reads = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                rows = self.controller.api("jobs")
+            except httpx.HTTPError:
+                rows = None  # a slow answer under load is not what this watches
+            if rows is not None:
+                self.reads += 1
+                for row in rows:
+                    seen = self.seen.get(row["github_id"])
+                    if seen is not None and (not seen or seen[-1] != row["status"]):
+                        seen.append(row["status"])
+            self._stop.wait(0.05)
+
+    def backwards(self):
+        """The jobs whose status ever read lower than one it read before."""
+        return {
+            job: seq
+            for job, seq in self.seen.items()
+            if any(self.RANK[b] < self.RANK[a] for a, b in zip(seq, seq[1:], strict=False))
+        }
 
 
 def test_arch02_rec_a_webhook_job_runs_on_a_fresh_runner_and_the_row_is_reaped(e2e):
@@ -125,6 +187,67 @@ def test_hook03_duplicated_and_reordered_deliveries_move_no_job_back_or_add_a_ru
     mints = [c for c in fake.calls if c[0] == "POST" and c[1].endswith("/generate-jitconfig")]
     assert len(mints) == 3
     time.sleep(1)  # late duplicates still in flight must not move anything back
+    assert all(api_job(controller, j)["status"] == "completed" for j in jobs)
+
+
+@pytest.mark.parametrize("new_ids", [False, True], ids=["redelivered", "new-delivery-ids"])
+def test_hook02_hook03_duplicate_queued_while_the_job_is_queued_mints_one_runner(e2e, new_ids):
+    """HOOK-02, HOOK-03, FAKE-02: with duplicate alone (no reorder) every delivery arrives
+    twice at once, so a second `queued` lands while its job is still queued; as a
+    redelivery (same X-GitHub-Delivery) and as a second event (new_ids). Each job still gets
+    exactly one JIT configuration and ends completed."""
+    controller, fake = e2e
+    setup_fleet(controller, fake)
+    fake.set_delivery(duplicate=True, new_ids=new_ids)
+    controller.start()
+    controller.api("pools", method="POST", json=POOL)
+    jobs = [
+        fake.queue_job(repo="acme/app", labels=LABELS, duration=0.5, conclusion="success")
+        for _ in range(3)
+    ]
+    recorded = wait_all_completed(controller, fake, jobs, "all three jobs")
+    assert len({r["runner_name"] for r in recorded}) == 3
+    queued = [d for d in fake.deliveries if d["action"] == "queued"]
+    assert sorted(d["job_id"] for d in queued) == sorted(jobs * 2)
+    assert all(d["status_code"] in (200, 202) for d in fake.deliveries)
+    assert len({d["id"] for d in queued}) == (6 if new_ids else 3)
+    # One JIT configuration per job: the second queued earned nobody a second runner.
+    assert len(jit_mints(fake)) == 3
+    time.sleep(2)  # a reconcile pass woken by a late copy must not mint one either
+    assert len(jit_mints(fake)) == 3
+    assert all(api_job(controller, j)["status"] == "completed" for j in jobs)
+
+
+def test_hook03_in_progress_before_queued_moves_no_job_back_or_adds_a_runner(e2e):
+    """HOOK-03, FAKE-02: early_progress holds each job's `queued` until its `in_progress`
+    has been sent, then sends it a second later, so in_progress arrives first and queued
+    late, while the job still runs. The poller finds the jobs (no delivery arrives before
+    one starts); every job ends completed on exactly one JIT configuration, and no job,
+    read through the API throughout, ever reads queued after it read in_progress."""
+    controller, fake = e2e
+    setup_fleet(controller, fake)
+    fake.set_delivery(early_progress=True, queued_lag=1.0)
+    controller.start()
+    controller.api("pools", method="POST", json=POOL)
+    jobs = [
+        fake.queue_job(repo="acme/app", labels=LABELS, duration=3.0, conclusion="success")
+        for _ in range(3)
+    ]
+    with StatusWatch(controller, jobs) as watch:
+        recorded = wait_all_completed(controller, fake, jobs, "all three jobs")
+        time.sleep(2)  # late queued deliveries and the reconcile passes they wake
+    deliveries = fake.deliveries
+    for job in jobs:
+        actions = [d["action"] for d in deliveries if d["job_id"] == job]
+        assert actions == ["in_progress", "queued", "completed"], (job, actions)
+    assert all(d["status_code"] in (200, 202) for d in deliveries)
+    assert watch.reads > 20
+    assert watch.backwards() == {}, watch.seen
+    # The watch did see the jobs run: an in_progress row the late queued could have undone.
+    assert all("in_progress" in seq for seq in watch.seen.values()), watch.seen
+    assert all(seq[-1] == "completed" for seq in watch.seen.values()), watch.seen
+    assert len({r["runner_name"] for r in recorded}) == 3
+    assert len(jit_mints(fake)) == 3
     assert all(api_job(controller, j)["status"] == "completed" for j in jobs)
 
 

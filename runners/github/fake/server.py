@@ -19,8 +19,9 @@ Private routes (not GitHub's):
   repositories}` -> 201 `{id}`; `POST /_fake/jobs {repo, labels, duration, conclusion, name}`
   -> 201 job; `GET /_fake/jobs/{id}`; `POST /_fake/jobs/{id}/cancel`; `POST /_fake/rate_limit
   {installation_id, reset_in, retry_after, clear}`; `POST /_fake/delivery {drop, duplicate,
-  reorder, delay}`; `POST /_fake/expire_tokens`; `GET /_fake/deliveries`; `GET /_fake/calls`;
-  `GET /_fake/runners?installation_id=N`; `GET /_fake/info`.
+  new_ids, reorder, early_progress, queued_lag, delay}`; `POST /_fake/expire_tokens`;
+  `GET /_fake/deliveries`; `GET /_fake/calls`; `GET /_fake/runners?installation_id=N`;
+  `GET /_fake/info`.
 """
 
 from __future__ import annotations
@@ -257,6 +258,7 @@ class _Outgoing:
     url: str = field(compare=False)
     body: bytes = field(compare=False)
     headers: dict[str, str] = field(compare=False)
+    lag: float = field(default=0.0, compare=False)  # extra seconds after the others it goes with
 
 
 class _Server(ThreadingHTTPServer):
@@ -380,8 +382,17 @@ class FakeGitHub:
         self._quotas: dict[tuple[Any, ...], _Quota] = {}
         self._calls: list[tuple[str, str, int | None]] = []
         self._deliveries: list[dict[str, Any]] = []
-        self._delivery_mode = {"drop": False, "duplicate": False, "reorder": False, "delay": 0.0}
-        self._held: dict[int, list[_Outgoing]] = {}
+        self._delivery_mode: dict[str, Any] = {
+            "drop": False,
+            "duplicate": False,
+            "new_ids": False,
+            "reorder": False,
+            "early_progress": False,
+            "queued_lag": 0.0,
+            "delay": 0.0,
+        }
+        self._held: dict[int, list[_Outgoing]] = {}  # reorder: all of a job's, until completed
+        self._late: dict[int, list[_Outgoing]] = {}  # early_progress: its queued, until started
         self._outbox: list[_Outgoing] = []
         self._outbox_seq = itertools.count()
         self._outbox_cv = threading.Condition(threading.Lock())
@@ -572,20 +583,39 @@ class FakeGitHub:
             self._limits.pop(installation_id, None)
 
     def set_delivery(
-        self, drop: bool = False, duplicate: bool = False, reorder: bool = False, delay: float = 0.0
+        self,
+        drop: bool = False,
+        duplicate: bool = False,
+        reorder: bool = False,
+        delay: float = 0.0,
+        *,
+        early_progress: bool = False,
+        queued_lag: float = 0.0,
+        new_ids: bool = False,
     ) -> None:
         """How deliveries made from now on behave.
 
         drop: record each as attempted with status_code None and send nothing. duplicate:
-        send each twice with the same X-GitHub-Delivery. reorder: hold a job's deliveries
+        send each twice, back to back and at once (a `queued` copy lands while the job is
+        still queued), with the same X-GitHub-Delivery (a redelivery); with new_ids the
+        second copy has its own X-GitHub-Delivery instead (the same event sent again, which
+        deduplicating on the delivery id cannot catch). reorder: hold a job's deliveries
         and send them newest first once it completes (so `completed` arrives first).
+        early_progress: hold a job's `queued` until its `in_progress` is sent, then send it
+        `queued_lag` seconds (real time) after that, so `in_progress` arrives first and
+        `queued` late, while the job runs or after it (a job cancelled while queued sends
+        it after `completed`); the other deliveries go out as they happen. reorder, when
+        also on, holds whatever early_progress lets go and ignores the lag.
         delay: wait this many seconds (real time, it stands for latency) before sending.
         """
         with self._lock:
             self._delivery_mode = {
                 "drop": bool(drop),
                 "duplicate": bool(duplicate),
+                "new_ids": bool(new_ids),
                 "reorder": bool(reorder),
+                "early_progress": bool(early_progress),
+                "queued_lag": max(0.0, float(queued_lag)),
                 "delay": max(0.0, float(delay)),
             }
 
@@ -1594,10 +1624,22 @@ class FakeGitHub:
         if self.webhook_url is None or mode["drop"]:
             self._record(delivery_id, job.id, action, None, "dropped")
             return
-        copies = [
-            _Outgoing(0.0, 0, delivery_id, job.id, action, self.webhook_url, body, headers)
-            for _ in range(2 if mode["duplicate"] else 1)
-        ]
+        copies = [_Outgoing(0.0, 0, delivery_id, job.id, action, self.webhook_url, body, headers)]
+        if mode["duplicate"]:
+            again_id = str(uuid.uuid4()) if mode["new_ids"] else delivery_id
+            again = {**headers, "X-GitHub-Delivery": again_id}
+            copies.append(
+                _Outgoing(0.0, 0, again_id, job.id, action, self.webhook_url, body, again)
+            )
+        if action == "queued" and job.status == "queued" and mode["early_progress"]:
+            # Its in_progress (or, for a job cancelled while queued, its completed) lets it go.
+            for item in copies:
+                item.lag = mode["queued_lag"]
+            self._late.setdefault(job.id, []).extend(copies)
+            return
+        if action != "queued" and job.id in self._late:
+            # Held by early_progress even if the mode was switched off since.
+            copies += self._late.pop(job.id)
         if mode["reorder"] or job.id in self._held:
             held = self._held.setdefault(job.id, [])
             held.extend(copies)
@@ -1605,10 +1647,12 @@ class FakeGitHub:
                 return
             # Release the job's deliveries newest first, so `completed` arrives before the rest.
             copies = list(reversed(self._held.pop(job.id)))
+            for item in copies:
+                item.lag = 0.0
         due = time.monotonic() + mode["delay"]
         with self._outbox_cv:
             for item in copies:
-                item.due, item.seq = due, next(self._outbox_seq)
+                item.due, item.seq = due + item.lag, next(self._outbox_seq)
                 heapq.heappush(self._outbox, item)
             self._outbox_cv.notify_all()
 
@@ -1692,6 +1736,9 @@ class FakeGitHub:
                     duplicate=bool(body.get("duplicate", False)),
                     reorder=bool(body.get("reorder", False)),
                     delay=float(body.get("delay", 0.0)),
+                    early_progress=bool(body.get("early_progress", False)),
+                    queued_lag=float(body.get("queued_lag", 0.0)),
+                    new_ids=bool(body.get("new_ids", False)),
                 )
                 with self._lock:
                     return _Response(200, dict(self._delivery_mode))

@@ -858,6 +858,123 @@ def test_fake02_delivery_modes_over_http_control(
     assert webhook_receiver.wait_for(1)[0].json()["action"] == "queued"
 
 
+def test_fake02_duplicate_without_reorder_sends_queued_twice_while_the_job_is_queued(
+    hooked_github: FakeGitHub, webhook_receiver: WebhookReceiver
+) -> None:
+    """FAKE-02, HOOK-02: duplicate=True alone sends both `queued` copies at once, not held."""
+    hooked_github.set_delivery(duplicate=True)
+    hooked_github.add_installation("acme", "Organization", ["acme/app"])
+    queued_at = time.monotonic()
+    job_id = hooked_github.queue_job(repo="acme/app", labels=LABELS)
+    received = webhook_receiver.wait_for(2)
+    assert [r.json()["action"] for r in received] == ["queued", "queued"]
+    assert received[1].at - queued_at < 1
+    assert received[0].headers["x-github-delivery"] == received[1].headers["x-github-delivery"]
+    # No runner is online: both copies landed while the job was still queued.
+    assert hooked_github.job(job_id)["status"] == "queued"
+
+
+def test_fake02_duplicate_with_new_ids_sends_the_same_event_under_two_delivery_ids(
+    hooked_gh: GitHubClient, webhook_receiver: WebhookReceiver
+) -> None:
+    """FAKE-02, HOOK-03: new_ids gives the second copy its own X-GitHub-Delivery."""
+    hooked_gh.fake.set_delivery(duplicate=True, new_ids=True)
+    run_one_job(hooked_gh.fake, hooked_gh)
+    received = webhook_receiver.wait_for(6)
+    assert [r.json()["action"] for r in received] == [
+        "queued", "queued", "in_progress", "in_progress", "completed", "completed",
+    ]  # fmt: skip
+    ids = [r.headers["x-github-delivery"] for r in received]
+    assert len(set(ids)) == 6
+    assert [r.body for r in received[0::2]] == [r.body for r in received[1::2]]
+    recorded = [d["id"] for d in hooked_gh.fake.wait_deliveries(6)]
+    assert sorted(recorded) == sorted(ids)
+
+
+def test_fake02_early_progress_holds_queued_until_the_job_starts(
+    hooked_gh: GitHubClient, webhook_receiver: WebhookReceiver
+) -> None:
+    """FAKE-02, HOOK-03: early_progress sends in_progress first, then the late queued, both
+    while the job is still running; nothing goes out while the job waits for a runner."""
+    fake = hooked_gh.fake
+    fake.set_delivery(early_progress=True)
+    headers = hooked_gh.inst(fake.add_installation("acme", "Organization", ["acme/app"]))
+    job_id = fake.queue_job(repo="acme/app", labels=LABELS)
+    time.sleep(0.2)  # a queued sent too soon would land within this
+    assert webhook_receiver.received == [] and fake.deliveries == []
+    session = go_online(
+        fake, jit(hooked_gh, headers, "/orgs/acme", "r-1").json()["encoded_jit_config"]
+    )
+    assert poll(fake, session).json()["job"]["id"] == job_id
+    received = webhook_receiver.wait_for(2)
+    assert [r.json()["action"] for r in received] == ["in_progress", "queued"]
+    assert received[1].json()["workflow_job"]["status"] == "queued"
+    assert fake.job(job_id)["status"] == "in_progress"  # queued arrived while the job ran
+    assert complete(fake, session, job_id, "success").status_code == 200
+    received = webhook_receiver.wait_for(3)
+    assert [r.json()["action"] for r in received] == ["in_progress", "queued", "completed"]
+    assert len({r.headers["x-github-delivery"] for r in received}) == 3
+
+
+def test_fake02_early_progress_with_a_runner_waiting_still_sends_in_progress_first(
+    hooked_gh: GitHubClient, webhook_receiver: WebhookReceiver
+) -> None:
+    """FAKE-02: a job taken at once by an idle runner still delivers in_progress before
+    queued; with duplicate each of them comes twice, in that order."""
+    fake = hooked_gh.fake
+    fake.set_delivery(early_progress=True, duplicate=True)
+    run_one_job(fake, hooked_gh)
+    actions = [r.json()["action"] for r in webhook_receiver.wait_for(6)]
+    assert actions == [
+        "in_progress", "in_progress", "queued", "queued", "completed", "completed",
+    ]  # fmt: skip
+
+
+def test_fake02_early_progress_with_a_queued_lag_sends_queued_that_much_later(
+    hooked_gh: GitHubClient, webhook_receiver: WebhookReceiver
+) -> None:
+    """FAKE-02: queued_lag=S sends the held queued S seconds after in_progress; a job that
+    ends within the lag sends completed first, and the queued after it."""
+    fake = hooked_gh.fake
+    fake.set_delivery(early_progress=True, queued_lag=0.4)
+    job_id = run_one_job(fake, hooked_gh)
+    received = webhook_receiver.wait_for(3)
+    assert [r.json()["action"] for r in received] == ["in_progress", "completed", "queued"]
+    assert received[2].at - received[0].at >= 0.35  # both measured on arrival
+    assert received[2].json()["workflow_job"]["id"] == job_id
+
+
+def test_fake02_early_progress_sends_a_cancelled_jobs_queued_after_completed(
+    hooked_github: FakeGitHub, webhook_receiver: WebhookReceiver
+) -> None:
+    """FAKE-02: a job cancelled while queued never starts; its held queued follows completed."""
+    hooked_github.set_delivery(early_progress=True)
+    hooked_github.add_installation("acme", "Organization", ["acme/app"])
+    job_id = hooked_github.queue_job(repo="acme/app", labels=LABELS)
+    hooked_github.set_delivery()  # switching the mode off does not strand the held queued
+    hooked_github.cancel_job(job_id)
+    received = webhook_receiver.wait_for(2)
+    assert [r.json()["action"] for r in received] == ["completed", "queued"]
+    assert received[0].json()["workflow_job"]["conclusion"] == "cancelled"
+
+
+def test_fake02_early_progress_and_new_ids_over_http_control(hooked_github: FakeGitHub) -> None:
+    """FAKE-02: POST /_fake/delivery takes early_progress and new_ids too."""
+    answer = HTTP.post(
+        f"{hooked_github.url}/_fake/delivery",
+        json={"early_progress": True, "duplicate": True, "new_ids": True},
+    ).json()
+    assert answer == {
+        "drop": False,
+        "duplicate": True,
+        "new_ids": True,
+        "reorder": False,
+        "early_progress": True,
+        "queued_lag": 0.0,
+        "delay": 0.0,
+    }
+
+
 # ---- control over HTTP and the command line --------------------------------------------
 
 
