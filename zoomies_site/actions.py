@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db import transaction
 
-from accounts import audit
+from accounts import audit, sealing
 from zoomies_site import registry
 from zoomies_site.findings import Finding
 from zoomies_site.models import SettingValue
@@ -40,9 +40,11 @@ def _new_errors(db_values: dict[str, Any]) -> list[Finding]:
 def _shown(setting: registry.Setting, stored: Any) -> Any:
     """A stored value as the audit log may show it: masked if secret, None if unreadable."""
     try:
-        return setting.display(setting.parse(stored))
-    except ValueError:
-        return None  # a value this version no longer accepts is still replaceable
+        return setting.display(setting.parse(registry.from_stored(stored)))
+    except (ValueError, sealing.SealError):
+        # A value this version no longer accepts, or one sealed with another key, is still
+        # replaceable.
+        return None
 
 
 def _stored_rows() -> dict[str, Any]:
@@ -55,20 +57,26 @@ def set_setting(key: str, value: Any, *, actor: str) -> Any:
     A value that would add an error finding (a range, or a relationship such as the provision
     timeout against the create lease) is refused with InvalidSetting, because the next start
     would refuse it too. Errors already present, from another layer, do not block an edit.
+
+    A secret entry is sealed before it reaches the row (AUTH-07); with no usable sealing key
+    it is refused with InvalidSetting rather than stored in the clear.
     """
     setting = _editable(key)
     try:
         typed = setting.parse(value)
     except ValueError as exc:
         raise InvalidSetting(key, f"{key}: {exc}.") from None
-    stored = setting.to_json(typed)
+    try:
+        stored = registry.to_stored(setting, typed)
+    except sealing.SealError as exc:
+        raise InvalidSetting(key, f"{key} cannot be sealed for storage: {exc}.") from None
     with transaction.atomic():
         rows = _stored_rows()
         broken = _new_errors({**rows, key: stored})
         if broken:
             reasons = " ".join(f"{f.title}: {f.why}" for f in broken)
             raise InvalidSetting(
-                key, f"{key} cannot be {setting.render(typed)!r}. {reasons}", broken
+                key, f"{key} cannot be {setting.display(typed)!r}. {reasons}", broken
             )
         old = _shown(setting, rows[key]) if key in rows else None
         row, _ = SettingValue.objects.update_or_create(
@@ -85,11 +93,16 @@ def set_setting(key: str, value: Any, *, actor: str) -> Any:
 
 
 def reset_setting(key: str, *, actor: str) -> bool:
-    """Delete `key`'s database value so the layers below it apply again; False if none was set."""
-    setting = _editable(key)
+    """Delete `key`'s database value so the layers below it apply again; False if none was set.
+
+    A row whose key this version has no setting for (a retired key, which the registry
+    reports as unknown) is removed the same way, so it never needs a raw delete.
+    """
+    setting = registry.SETTINGS.get(key)
     with transaction.atomic():
         rows = _stored_rows()
         if key not in rows:
+            _editable(key)  # no row: say why when the key is not a setting at all
             return False
         rows.pop(key)
         broken = _new_errors(rows)
@@ -97,7 +110,7 @@ def reset_setting(key: str, *, actor: str) -> bool:
             reasons = " ".join(f"{f.title}: {f.why}" for f in broken)
             raise InvalidSetting(key, f"{key} cannot go back to its default. {reasons}", broken)
         row = SettingValue.objects.get(key=key)
-        old = _shown(setting, row.value)
+        old = _shown(setting, row.value) if setting is not None else None
         audit.record(
             actor=actor, action="setting.reset", target=row, detail={"key": key, "old": old}
         )

@@ -10,8 +10,13 @@ overriding an earlier one (CONF-02):
 30m}``) or use dotted keys (``scheduler.provision_timeout: 30m``); a missing file is fine, an
 unknown key is a warning. Each entry's variable is ``ZOOMIES_`` plus its key upper-cased with
 dots as underscores; an empty variable counts as unset. A secret entry also reads
-``<VAR>_FILE`` (a list secret takes one item per line there). A list in a variable is comma
-separated, or a JSON array when an item needs a comma.
+``<VAR>_FILE`` (a list secret takes one item per line there), unless that name is another
+entry's own variable. A list in a variable is comma separated, or a JSON array when an item
+needs a comma.
+
+A secret entry's database value is sealed (AUTH-07): its row holds ``{"sealed": "v1:..."}``,
+the JSON sealed with AES-256-GCM by `accounts.sealing`, and is opened when the layer is read.
+A row that cannot be opened (another key, altered) is an error finding, not a crash.
 
 A value that does not parse or is out of range never crashes anything: the layer below it stays
 in force and validation reports an error finding, which stops startup (CONF-04).
@@ -42,6 +47,7 @@ from urllib.parse import urlparse
 
 import yaml
 
+from accounts import sealing
 from zoomies_site.findings import Finding, error, errors, warning
 
 BOOL = "bool"
@@ -165,8 +171,16 @@ class Setting:
         return False
 
     def parse(self, raw: Any) -> Any:
-        """The typed value for `raw` from any layer, or ValueError saying what is wrong."""
-        value = _coerce(self, raw)
+        """The typed value for `raw` from any layer, or ValueError saying what is wrong.
+
+        A secret's message never quotes the value, since findings and errors are shown.
+        """
+        try:
+            value = _coerce(self, raw)
+        except ValueError:
+            if not self.secret:
+                raise
+            raise ValueError(f"the value is not {self.expects()}") from None
         problem = self.problem(value)
         if problem:
             raise ValueError(problem)
@@ -368,6 +382,13 @@ def _no_empty_items(value: list[str]) -> str | None:
     return None
 
 
+def _pem_private_key(value: str) -> str | None:
+    # Only the armour is looked at, and nothing of the value is echoed: it is a secret.
+    if value and not re.search(r"-----BEGIN [A-Z ]*PRIVATE KEY-----", value):
+        return "it is not a PEM private key (it starts with -----BEGIN RSA PRIVATE KEY-----)"
+    return None
+
+
 def _whole_seconds(value: timedelta) -> str | None:
     if value.total_seconds() != int(value.total_seconds()):
         return f"{format_duration(value)} is not a whole number of seconds"
@@ -417,6 +438,12 @@ _ENTRIES: tuple[Setting | Derived, ...] = (
             "The GitHub App's numeric id, where 0 means no App is configured.", min=0),
     Setting("github.private_key_file", STR, "",
             "Path to the GitHub App's PEM private key, empty when no App is configured."),
+    # AUTH-07: sealed in its SettingValue row; preferred to github.private_key_file when set
+    # in the same layer or a later one. ZOOMIES_GITHUB_PRIVATE_KEY_FILE is not read as its
+    # <VAR>_FILE: that is github.private_key_file's own variable, a path re-read when it changes.
+    Setting("github.private_key", STR, "",
+            "The GitHub App's PEM private key itself, stored sealed, preferred to the key file.",
+            validator=_pem_private_key, secret=True),
     Setting("github.webhook_secrets", LIST, [],
             "The secrets a workflow_job webhook's HMAC signature may be made with.",
             validator=_no_empty_items, secret=True),
@@ -609,6 +636,9 @@ ENTRIES: dict[str, Setting | Derived] = {entry.key: entry for entry in _ENTRIES}
 SETTINGS: dict[str, Setting] = {e.key: e for e in _ENTRIES if isinstance(e, Setting)}
 DERIVED: dict[str, Derived] = {e.key: e for e in _ENTRIES if isinstance(e, Derived)}
 KEYS: tuple[str, ...] = tuple(ENTRIES)
+# A secret's <VAR>_FILE that is another entry's variable (ZOOMIES_GITHUB_PRIVATE_KEY_FILE) is
+# that entry's, and is not read twice.
+_OWN_ENV_NAMES = frozenset(s.env for s in SETTINGS.values())
 assert len(ENTRIES) == len(_ENTRIES), "duplicate setting key"
 
 
@@ -830,6 +860,94 @@ def _read_database_layer() -> tuple[dict[str, Any], list[Finding]]:
     return dict(rows), []
 
 
+# --- secrets at rest (AUTH-07) --------------------------------------------------------------
+
+# A secret's SettingValue row is {"sealed": "v1:..."}: its stored JSON, sealed (accounts.sealing).
+SEALED = "sealed"
+
+
+def is_sealed(stored: Any) -> bool:
+    """Whether a SettingValue row's value is a sealed one."""
+    return isinstance(stored, dict) and list(stored) == [SEALED] and isinstance(stored[SEALED], str)
+
+
+def to_stored(setting: Setting, value: Any) -> Any:
+    """What a SettingValue row holds for a typed value: its JSON, sealed if it is a secret.
+
+    SealError when no usable sealing key can be loaded.
+    """
+    plain = setting.to_json(value)
+    if not setting.secret:
+        return plain
+    return {SEALED: sealing.seal(json.dumps(plain))}
+
+
+def from_stored(stored: Any) -> Any:
+    """The JSON a row holds, unsealed if it was sealed; SealError when it cannot be."""
+    if not is_sealed(stored):
+        return stored
+    text = sealing.unseal_text(stored[SEALED])
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise sealing.SealError("the unsealed value is not JSON") from None
+
+
+def key_source() -> str:
+    """Where the sealing key comes from, or why none can be loaded; never raises."""
+    try:
+        return sealing.key_source()
+    except sealing.SealError as exc:
+        return f"nowhere usable ({exc})"
+
+
+def _unseal_layer(
+    raw: Mapping[str, Any], values: dict[str, Any], sources: dict[str, str], problems: list[Finding]
+) -> dict[str, Any]:
+    """The database layer with its sealed values opened; what cannot be opened is a finding.
+
+    A row that does not unseal (another key, altered) is left out, so the layer below it stays
+    in force, and it is an error naming where the key in use came from.
+    """
+    out: dict[str, Any] = {}
+    for key, stored in raw.items():
+        setting = SETTINGS.get(key)
+        if setting is None:
+            out[key] = stored  # reported as an unknown key; nothing to open
+            continue
+        if not is_sealed(stored):
+            if setting.secret:
+                problems.append(
+                    warning(
+                        f"config.secret_not_sealed:{key}",
+                        f"{key} is saved in the database unsealed",
+                        "Anyone who can read the database or a backup of it can read the secret.",
+                        f"Store it again with manage.py set_secret {key} --stdin, which seals it.",
+                    )
+                )
+            out[key] = stored
+            continue
+        try:
+            out[key] = from_stored(stored)
+        except sealing.SealError as exc:
+            source = key_source()
+            reason = str(exc)
+            if source not in reason:
+                reason += f" (the key in use is from {source})"
+            problems.append(
+                error(
+                    f"config.secret_unreadable:{key}",
+                    f"{key} saved in the database cannot be unsealed",
+                    f"{reason[:1].upper()}{reason[1:]}; {key} stays at "
+                    f"{setting.display(values[key])!r} from the {sources[key]} layer, and the "
+                    "controller will not start with an error.",
+                    f"Set {sealing.KEY_ENV} or {sealing.KEY_FILE_ENV} to the key {key} was "
+                    f"sealed with, or store it again with manage.py set_secret {key}.",
+                )
+            )
+    return out
+
+
 def _env_layer(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str], list[Finding]]:
     raw: dict[str, Any] = {}
     where: dict[str, str] = {}
@@ -839,7 +957,8 @@ def _env_layer(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str], 
         if value:  # an empty variable counts as unset
             raw[key], where[key] = value, setting.env
             continue
-        path = env.get(f"{setting.env}_FILE") if setting.secret else None
+        file_var = f"{setting.env}_FILE"
+        path = env.get(file_var) if setting.secret and file_var not in _OWN_ENV_NAMES else None
         if not path:
             continue
         try:
@@ -871,7 +990,8 @@ def layered(
     """Build the values from the four layers (CONF-02); each argument left None is read live.
 
     `yaml_text` stands in for the zoomies.yaml file, `db_values` for the SettingValue rows
-    (key to stored JSON) and `env` for os.environ. `defaults_only` ignores all three.
+    (key to stored JSON, a secret's sealed as `to_stored` writes it) and `env` for os.environ.
+    `defaults_only` ignores all three.
     """
     base = _defaults()
     if defaults_only:
@@ -891,6 +1011,7 @@ def layered(
         problems += found
     else:
         db_raw = dict(db_values)
+    db_raw = _unseal_layer(db_raw, values, sources, problems)
     _apply(values, sources, problems, db_raw, source="database", where=lambda _key: "the database")
 
     env_raw, env_where, found = _env_layer(os.environ if env is None else env)
@@ -1262,13 +1383,14 @@ def _posture_findings(v: Values) -> list[Finding]:
                 "Set github.webhook_secrets to the secret configured on the GitHub App.",
             )
         )
-    if not v["github.app_id"] or not v["github.private_key_file"]:
+    if not v["github.app_id"] or not (v["github.private_key"] or v["github.private_key_file"]):
         out.append(
             warning(
                 "config.github_app_not_configured",
                 "No GitHub App is configured",
                 "Without App credentials Zoomies cannot see jobs or register runners.",
-                "Set github.app_id and github.private_key_file, or run the App manifest flow.",
+                "Set github.app_id and the App's key (manage.py set_secret github.private_key "
+                "--from-file app.pem, or github.private_key_file), or run the App manifest flow.",
             )
         )
     return out

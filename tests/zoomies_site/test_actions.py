@@ -46,9 +46,10 @@ def test_setting_again_records_the_old_value():
     assert registry.get(KEY) == timedelta(minutes=16)
 
 
-def test_a_secret_is_masked_in_the_audit_row():
+def test_auth07_a_secret_is_sealed_in_its_row_and_masked_in_the_audit_row():
     set_setting("github.webhook_secrets", ["hunter2"], actor="user:ada")
-    assert SettingValue.objects.get(key="github.webhook_secrets").value == ["hunter2"]
+    stored = SettingValue.objects.get(key="github.webhook_secrets").value
+    assert registry.is_sealed(stored) and "hunter2" not in repr(stored)
     audit = AuditLog.objects.get(action="setting.set")
     assert "hunter2" not in repr(audit.detail)
     assert audit.detail["new"] == [registry.MASK]

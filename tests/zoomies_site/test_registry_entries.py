@@ -19,6 +19,7 @@ SPEC_DEFAULTS = {
     "github.api_url": "https://api.github.com",
     "github.app_id": 0,
     "github.private_key_file": "",
+    "github.private_key": "",
     "github.webhook_secrets": [],
     "github.poll_fallback": True,
     "github.poll_interval": timedelta(seconds=60),
@@ -149,9 +150,10 @@ def test_env_names_do_not_collide_with_the_process_settings():
     assert not process_level & {s.env for s in SETTINGS.values()}
 
 
-def test_conf_01_every_type_is_used_and_only_webhook_secrets_are_secret():
+def test_conf_01_every_type_is_used_and_only_the_app_key_and_webhook_secrets_are_secret():
     assert {s.type for s in SETTINGS.values()} == set(registry.TYPES)
-    assert [k for k, s in SETTINGS.items() if s.secret] == ["github.webhook_secrets"]
+    secret = [k for k, s in SETTINGS.items() if s.secret]
+    assert secret == ["github.private_key", "github.webhook_secrets"]
 
 
 def test_describe_lists_every_entry_with_its_source_and_masks_secrets():
