@@ -14,7 +14,8 @@ class SettingValue(models.Model):
     updated_by = models.CharField(max_length=200, blank=True)
 
     def __str__(self) -> str:
-        return f"{self.key}={self.value!r}"
+        # Never the value: a secret's sealed form has no business in logs or page titles.
+        return self.key
 
 
 class Lease(models.Model):
