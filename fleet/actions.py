@@ -392,7 +392,9 @@ def record_task_result(
     TASK-14: another host's task is not found. A task not in flight, or in flight under a
     later attempt than the one answered, is a conflict (its lease ended and it was offered
     again, or it was cancelled). RUN-14: a failed create fails the runner with the agent's
-    reason.
+    reason. TASK-05: a failed stop fails the runner too (which asks the host for a remove and
+    frees the slot); a failed remove is issued again by housekeeping until the host confirms
+    one (TASK-08, `fleet.taskqueue.reissue_owed_removes`).
     """
     actor = agent_actor(host)
     error = (error or "").strip()
@@ -425,6 +427,19 @@ def record_task_result(
                 now=now,
                 actor=actor,
                 message=error or "the agent could not start the runner",
+            )
+        elif not ok and task.kind == TaskKind.STOP_RUNNER and task.runner is not None:
+            # Nothing else would end a runner its host could not stop (TASK-05).
+            fail_runner(
+                task.runner,
+                now=now,
+                actor=actor,
+                message=(
+                    f"the host could not stop the runner: {error}"
+                    if error
+                    else "the host could not stop the runner"
+                ),
+                expected_from=LIVE_STATES,
             )
         task.refresh_from_db()
     return task

@@ -131,6 +131,11 @@ def _move(host: Host, health: str, *, now: datetime, silence: timedelta) -> list
 def housekeeping_step(now: datetime) -> list[str]:
     """The fleet's share of one housekeeping tick: the silence ladder, the task sweep, and
     the work still owed to hosts, rebuilt from rows (TASK-05, TASK-08)."""
-    from fleet.taskqueue import sweep_tasks
+    from fleet.taskqueue import fail_unconfirmed_stops, reissue_owed_removes, sweep_tasks
 
-    return check_host_health(now) + sweep_tasks(now)
+    return (
+        check_host_health(now)
+        + sweep_tasks(now)
+        + fail_unconfirmed_stops(now)
+        + reissue_owed_removes(now)
+    )

@@ -4,6 +4,11 @@
 task commit together (SCHED-16). `take_tasks` hands a host its pending tasks under a lease;
 `sweep_tasks` puts a task whose lease ended back on the queue, at most `max_attempts`
 offers in all (TASK-02, TASK-04). Every move is a compare-and-set on the task's state.
+
+What is still owed to a host is rebuilt from rows on every housekeeping tick, so a
+controller restart loses none of it (TASK-08): `reissue_owed_removes` issues a remove again
+until the host confirms one, and `fail_unconfirmed_stops` fails a draining runner whose
+host answered its stop but never reported it gone.
 """
 
 from __future__ import annotations
@@ -12,11 +17,11 @@ import logging
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef, QuerySet
 
 from accounts import audit
 from fleet.models import AgentTask, Host
-from fleet.states import TaskKind, TaskState
+from fleet.states import OPEN_TASK_STATES, HostHealth, TaskKind, TaskState
 from runners.states import RunnerState
 
 log = logging.getLogger("zoomies.fleet")
@@ -33,6 +38,17 @@ LEASE_SETTING = {
 # AGENT-06 (the controller's half): a create for a runner in one of these states would
 # start a workload nobody wants, so it is cancelled instead of delivered.
 SKIP_CREATE_FOR = frozenset({RunnerState.DRAINING, RunnerState.FAILED, RunnerState.REMOVED})
+
+
+# TASK-08: a failed or abandoned remove is issued again this long after it ended, doubling
+# with each further failure up to the ceiling, so a host that keeps failing one is asked at
+# most once a minute and a runner whose removal never succeeds costs a few rows an hour.
+REMOVE_RETRY_BACKOFF = timedelta(minutes=1)
+MAX_REMOVE_RETRY_BACKOFF = timedelta(minutes=15)
+# The phases only an agent's end report leaves on a runner row (RUN-15): once the agent has
+# said how a runner ended it deletes the workload itself (AGENT-18), so no remove is owed.
+AGENT_ENDED_PHASES = ("exited", "missing")
+STOP_UNCONFIRMED = "the host never reported the runner gone after its stop"
 
 
 def lease_for(kind: str):
@@ -183,3 +199,112 @@ def _sweep_one(task: AgentTask, now: datetime) -> str | None:
             reason += "; left to the runner's provision timeout"
     log.info("task sweep: %s", reason)
     return reason
+
+
+# -- work still owed to hosts, rebuilt from rows (TASK-05, TASK-08) ------------------------
+
+
+def removes_owed() -> QuerySet:
+    """Runners whose host still owes a removal nobody is asking for: a remove was issued,
+    the last one failed or was abandoned, none succeeded and none is open, the agent has not
+    reported the runner's end itself, and its host is still there and not lost.
+
+    A lost or deleted host is given up on: nothing would take the task, and a host that
+    comes back reaps what it has no record of (AGENT-16).
+    """
+    from runners.models import Runner
+
+    removes = AgentTask.objects.filter(runner=OuterRef("pk"), kind=TaskKind.REMOVE_RUNNER)
+    return (
+        Runner.objects.filter(host__isnull=False)
+        .exclude(host__health=HostHealth.LOST)
+        .exclude(phase__in=AGENT_ENDED_PHASES)
+        .filter(Exists(removes.filter(state__in=[TaskState.FAILED, TaskState.ABANDONED])))
+        .exclude(Exists(removes.filter(state__in=[*OPEN_TASK_STATES, TaskState.DONE])))
+    )
+
+
+def remove_retry_backoff(failures: int) -> timedelta:
+    """The wait after the `failures`-th failed or abandoned remove: 1 min, doubling, 15 min."""
+    return min(REMOVE_RETRY_BACKOFF * 2 ** max(failures - 1, 0), MAX_REMOVE_RETRY_BACKOFF)
+
+
+def reissue_owed_removes(now: datetime) -> list[str]:
+    """TASK-08: issue a remove again for every runner its host still owes one, once the
+    backoff since the last failed or abandoned one has passed; say what was issued."""
+    reasons: list[str] = []
+    for runner in removes_owed().select_related("host").order_by("pk"):
+        ended = list(
+            AgentTask.objects.filter(
+                runner=runner,
+                kind=TaskKind.REMOVE_RUNNER,
+                state__in=[TaskState.FAILED, TaskState.ABANDONED],
+            ).values_list("finished_at", flat=True)
+        )
+        last = max((t for t in ended if t is not None), default=None)
+        if last is not None and now < last + remove_retry_backoff(len(ended)):
+            continue
+        with transaction.atomic():
+            # Checked again under the write lock: a result or another tick may have settled it.
+            if not removes_owed().filter(pk=runner.pk).exists():
+                continue
+            task = enqueue_task(
+                host_id=runner.host_id,
+                runner_id=runner.pk,
+                kind=TaskKind.REMOVE_RUNNER,
+                payload={"runner_id": runner.pk, "retry": len(ended)},
+                now=now,
+            )
+            reason = (
+                f"remove_runner #{task.pk} for runner {runner.name} on host {runner.host.name}: "
+                f"issued again (retry {len(ended)}); the host has not confirmed the removal"
+            )
+            audit.record(
+                actor=SWEEP_ACTOR,
+                action="task.reissued",
+                target=task,
+                detail={"kind": task.kind, "runner": runner.pk, "retry": len(ended)},
+                at=now,
+            )
+        log.info("task sweep: %s", reason)
+        reasons.append(reason)
+    return reasons
+
+
+def fail_unconfirmed_stops(now: datetime) -> list[str]:
+    """TASK-05: a draining runner whose stop its host answered (or gave up on) a stop lease
+    ago, with no end report since, is failed: nothing else would ever end it, and failing it
+    frees its slot and asks the host to remove what is left."""
+    from runners.lifecycle import fail_runner
+    from runners.models import Runner
+
+    cutoff = now - lease_for(TaskKind.STOP_RUNNER)
+    stops = AgentTask.objects.filter(runner=OuterRef("pk"), kind=TaskKind.STOP_RUNNER)
+    stuck = (
+        Runner.objects.filter(state=RunnerState.DRAINING, host__isnull=False)
+        .filter(Exists(stops.filter(state__in=[TaskState.DONE, TaskState.ABANDONED])))
+        # Every stop it was sent ended before the cutoff, and none is still open.
+        .exclude(Exists(stops.filter(state__in=OPEN_TASK_STATES)))
+        .exclude(
+            Exists(
+                stops.filter(
+                    state__in=[TaskState.DONE, TaskState.ABANDONED], finished_at__gt=cutoff
+                )
+            )
+        )
+        .order_by("pk")
+    )
+    reasons: list[str] = []
+    for runner in stuck:
+        result = fail_runner(
+            runner,
+            now=now,
+            actor=SWEEP_ACTOR,
+            message=STOP_UNCONFIRMED,
+            expected_from=[RunnerState.DRAINING],
+        )
+        if result.changed:
+            reason = f"runner {runner.name} failed: {STOP_UNCONFIRMED}"
+            log.info("task sweep: %s", reason)
+            reasons.append(reason)
+    return reasons

@@ -37,6 +37,7 @@ def reap_removed_runners(now: datetime) -> list[str]:
 
     Jobs keep the runner's name, so a finished job still says which runner ran it.
     """
+    from fleet.taskqueue import removes_owed
     from runners.reconcile import unlinked_exits
 
     # An unexplained clean exit is kept while the scheduler still counts it (it stands for
@@ -46,10 +47,15 @@ def reap_removed_runners(now: datetime) -> list[str]:
             "pk", flat=True
         )
     )
+    # TASK-08: a remove the host still owes (its last failed or was abandoned, none
+    # succeeded) keeps the row, or the intent would be lost with it (its tasks go too).
+    owed = set(removes_owed().filter(state=RunnerState.REMOVED).values_list("pk", flat=True))
     lines = []
     for runner in Runner.objects.filter(state=RunnerState.REMOVED).exclude(pk__in=waiting):
+        if runner.pk in owed:
+            continue
         if runner.tasks.filter(state__in=("pending", "in_flight")).exists():
-            continue  # a remove still owed to the host (TASK-08)
+            continue  # a remove still on its way to the host (TASK-08)
         deleted, _ = Runner.objects.filter(pk=runner.pk, state=RunnerState.REMOVED).delete()
         if deleted:
             lines.append(f"{runner.name}: reaped")
@@ -57,12 +63,12 @@ def reap_removed_runners(now: datetime) -> list[str]:
 
 
 def housekeeping_step(now: datetime) -> HousekeepingReport:
-    from fleet.health import check_host_health
-    from fleet.taskqueue import sweep_tasks
+    """One tick: the fleet's share (host health, the task sweep, and the stops and removes
+    still owed, rebuilt from rows), then the failed retention and the reap."""
+    from fleet.health import housekeeping_step as fleet_step
 
     report = HousekeepingReport()
-    report.lines.extend(check_host_health(now) or [])
-    report.lines.extend(sweep_tasks(now) or [])
+    report.lines.extend(fleet_step(now) or [])
     report.lines.extend(expire_failed_runners(now))
     report.lines.extend(reap_removed_runners(now))
     for line in report.lines:

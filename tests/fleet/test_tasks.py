@@ -337,3 +337,168 @@ def test_task13_the_long_poll_never_queues_on_the_shared_sync_thread(monkeypatch
     assert answer.status_code == 200
     assert [t["id"] for t in json.loads(answer.content)["tasks"]] == [task.pk]
     assert left_open == []
+
+
+# -- stops and removes that failed: rebuilt from rows on every tick (TASK-05, TASK-08) -----
+
+
+def answer(host, task, *, ok: bool, now, error: str | None = None):
+    from fleet.actions import record_task_result
+
+    return record_task_result(
+        host=host, task_id=task.pk, ok=ok, error=error, attempt=task.attempt, now=now
+    )
+
+
+def tick(host, now) -> list[str]:
+    """One housekeeping tick on a moved clock, the host heartbeating as a live one does."""
+    from fleet.actions import record_heartbeat
+    from fleet.health import housekeeping_step
+
+    record_heartbeat(host=host, facts={}, now=now)
+    return housekeeping_step(now)
+
+
+def removes(runner) -> list[AgentTask]:
+    return list(AgentTask.objects.filter(runner=runner, kind="remove_runner").order_by("pk"))
+
+
+@pytest.mark.django_db
+def test_task05_a_failed_stop_fails_its_runner_and_asks_the_host_for_a_remove():
+    """TASK-05: a stop the host answered with a failure fails the runner at once (nothing
+    else would end it), which frees its slot and queues the removal of its workload."""
+    host, _ = join("h1")
+    runner = make_runner(host, "busy")
+    drain_runner(runner, now=T0, actor="user:ada", reason="test")
+    (stop,) = take_tasks(host, later(1))
+    answer(host, stop, ok=False, error="cannot signal runner 5: permission denied", now=later(2))
+
+    runner.refresh_from_db()
+    assert runner.state == "failed"
+    assert runner.message == "the host could not stop the runner: cannot signal runner 5: " + (
+        "permission denied"
+    )
+    assert [t.state for t in removes(runner)] == ["pending"]
+
+
+@pytest.mark.django_db
+def test_task05_a_draining_runner_never_reported_gone_after_its_stop_is_failed():
+    """TASK-05: the host confirmed the stop but never reported the runner's end; a stop lease
+    (10 min) after that answer the runner is failed and its workload's removal queued."""
+    host, _ = join("h1")
+    runner = make_runner(host, "idle")
+    drain_runner(runner, now=T0, actor="user:ada", reason="test")
+    (stop,) = take_tasks(host, later(1))
+    answer(host, stop, ok=True, now=later(minutes=1))
+
+    assert tick(host, later(minutes=10, seconds=59)) == []
+    runner.refresh_from_db()
+    assert runner.state == "draining"
+    lines = tick(host, later(minutes=11))
+    runner.refresh_from_db()
+    assert runner.state == "failed"
+    assert runner.message == "the host never reported the runner gone after its stop"
+    assert lines == [f"runner {runner.name} failed: {runner.message}"]
+    assert [t.state for t in removes(runner)] == ["pending"]
+
+
+@pytest.mark.django_db
+def test_task05_a_draining_runner_whose_end_was_reported_is_left_alone():
+    from fleet.actions import apply_reports
+
+    host, _ = join("h1")
+    runner = make_runner(host, "idle")
+    other = make_runner(host, "idle")
+    for r in (runner, other):
+        drain_runner(r, now=T0, actor="user:ada", reason="test")
+    for stop in take_tasks(host, later(1)):
+        answer(host, stop, ok=True, now=later(minutes=1))
+    apply_reports(
+        host=host,
+        reports=[{"runner_id": runner.pk, "state": "removed", "phase": "exited", "exit_code": 0}],
+        now=later(minutes=2),
+    )
+    tick(host, later(minutes=30))
+    runner.refresh_from_db()
+    other.refresh_from_db()
+    assert (runner.state, other.state) == ("removed", "failed")
+
+
+@pytest.mark.django_db
+def test_task08_a_failed_remove_is_issued_again_until_the_host_confirms_one():
+    """TASK-08: a failed remove is issued again a minute after it failed (doubling for each
+    further failure), from the rows alone, until a remove succeeds; then nothing more."""
+    from runners.lifecycle import fail_runner
+
+    host, _ = join("h1")
+    runner = make_runner(host, "idle")
+    fail_runner(runner, now=T0, actor="user:ada", message="test")
+    (first,) = take_tasks(host, T0)
+    answer(host, first, ok=False, error="device or resource busy", now=later(10))
+
+    assert tick(host, later(69)) == []  # a minute after the failure, not before
+    lines = tick(host, later(70))
+    assert len(lines) == 1 and "issued again (retry 1)" in lines[0]
+    second = removes(runner)[-1]
+    assert (second.state, second.payload) == ("pending", {"runner_id": runner.pk, "retry": 1})
+    assert tick(host, later(71)) == []  # one open remove at a time
+    assert AuditLog.objects.filter(action="task.reissued", actor="system:housekeeping").exists()
+
+    (taken,) = take_tasks(host, later(80))
+    answer(host, taken, ok=False, error="device or resource busy", now=later(90))
+    assert tick(host, later(90 + 119)) == []  # the second failure waits two minutes
+    assert tick(host, later(90 + 120))
+    (taken,) = take_tasks(host, later(300))
+    assert taken.payload["retry"] == 2
+    answer(host, taken, ok=True, now=later(310))
+
+    assert tick(host, later(minutes=30)) == []
+    assert [t.state for t in removes(runner)] == ["failed", "failed", "done"]
+
+
+@pytest.mark.django_db
+def test_task08_an_abandoned_remove_is_issued_again():
+    """TASK-08: a remove offered three times without a result (15 min) is issued again."""
+    from runners.lifecycle import fail_runner
+
+    host, _ = join("h1")
+    runner = make_runner(host, "idle")
+    fail_runner(runner, now=T0, actor="user:ada", message="test")
+    now = T0
+    for _ in range(3):
+        assert take_tasks(host, now)
+        now += timedelta(minutes=5)
+        tick(host, now)
+    assert [t.state for t in removes(runner)] == ["abandoned"]
+    assert tick(host, now + timedelta(seconds=59)) == []
+    assert tick(host, now + timedelta(minutes=1))
+    assert [t.state for t in removes(runner)] == ["abandoned", "pending"]
+
+
+@pytest.mark.django_db
+def test_task08_no_remove_is_owed_once_the_agent_reported_the_end_or_the_host_was_lost():
+    """TASK-08, AGENT-18: an agent that reported a runner's end deletes its workload itself;
+    a lost host is given up on. Neither is sent another remove."""
+    from fleet.actions import apply_reports
+    from fleet.taskqueue import reissue_owed_removes, removes_owed
+    from runners.lifecycle import fail_runner
+
+    host, _ = join("h1")
+    lost, _ = join("h2")
+    ended = make_runner(host, "idle")
+    on_lost = make_runner(lost, "idle")
+    for runner in (ended, on_lost):
+        fail_runner(runner, now=T0, actor="user:ada", message="test")
+    for h in (host, lost):
+        for task in take_tasks(h, T0):
+            answer(h, task, ok=False, error="boom", now=later(1))
+    assert set(removes_owed().values_list("pk", flat=True)) == {ended.pk, on_lost.pk}
+
+    apply_reports(
+        host=host,
+        reports=[{"runner_id": ended.pk, "state": "failed", "phase": "exited", "exit_code": 1}],
+        now=later(2),
+    )
+    lost.__class__.objects.filter(pk=lost.pk).update(health="lost")
+    assert list(removes_owed()) == []
+    assert reissue_owed_removes(later(minutes=5)) == []
