@@ -22,6 +22,7 @@ from accounts import audit
 from fleet.models import AgentTask, Host, JoinToken
 from fleet.selectors import AGENT_TOKEN_PREFIX, JOIN_TOKEN_PREFIX, hash_secret
 from fleet.states import HostHealth, TaskKind, TaskState
+from fleet.taskqueue import blank_env
 from runners.actions import link_job_runner
 from runners.lifecycle import fail_runner
 from runners.models import Job, Runner
@@ -268,6 +269,7 @@ def _drop_runners(host: Host, *, now: datetime, actor: str) -> list[str]:
         kind__in=[TaskKind.CREATE_RUNNER, TaskKind.STOP_RUNNER],
         state__in=[TaskState.PENDING, TaskState.IN_FLIGHT],
     ).update(state=TaskState.CANCELLED, finished_at=now, error="the host joined again")
+    blank_env(host=host)
     return fail_live_runners(
         host, now=now, actor=actor, message=REJOIN_MESSAGE, job_failure=REJOIN_JOB_FAILURE
     )
@@ -386,8 +388,10 @@ def record_task_result(
     error: str | None,
     attempt: int | None,
     now: datetime,
+    actor: str | None = None,
 ) -> AgentTask:
-    """Close an in-flight task with the agent's answer.
+    """Close an in-flight task with the agent's answer (or the controller's, `actor`, for a
+    task it could not deliver).
 
     TASK-14: another host's task is not found. A task not in flight, or in flight under a
     later attempt than the one answered, is a conflict (its lease ended and it was offered
@@ -396,7 +400,7 @@ def record_task_result(
     frees the slot); a failed remove is issued again by housekeeping until the host confirms
     one (TASK-08, `fleet.taskqueue.reissue_owed_removes`).
     """
-    actor = agent_actor(host)
+    actor = actor or agent_actor(host)
     error = (error or "").strip()
     with transaction.atomic():
         task = AgentTask.objects.filter(pk=task_id, host=host).select_related("runner").first()
@@ -414,6 +418,7 @@ def record_task_result(
             raise TaskNotInFlight(
                 f"task {task_id} is in flight as attempt {task.attempt}, not {attempt}"
             )
+        blank_env(pk=task.pk)  # the runner credential is spent (or never will be)
         audit.record(
             actor=actor,
             action=f"task.{new_state}",
@@ -595,3 +600,4 @@ def _apply_report(runner: Runner, report: dict, *, now: datetime, actor: str) ->
             kind__in=[TaskKind.CREATE_RUNNER, TaskKind.STOP_RUNNER],
             state=TaskState.PENDING,
         ).update(state=TaskState.CANCELLED, finished_at=now, error=f"the runner was {state}")
+        blank_env(runner=runner)

@@ -6,6 +6,8 @@ and the task queue (STYLE point 1), so the admin shows them and never saves them
 
 from __future__ import annotations
 
+import json
+
 from django.contrib import admin, messages
 from django.utils import timezone
 
@@ -97,9 +99,24 @@ class AgentTaskAdmin(admin.ModelAdmin):
     list_display = ("pk", "kind", "state", "host", "runner", "attempt", "lease_deadline")
     list_filter = ("state", "kind")
     search_fields = ("host__name", "runner__name")
-    readonly_fields = tuple(
-        f.name for f in AgentTask._meta.get_fields() if f.concrete and not f.many_to_many
+    # The payload's env holds a runner's credential (sealed): only its names are shown.
+    exclude = ("payload",)
+    readonly_fields = (
+        *(
+            f.name
+            for f in AgentTask._meta.get_fields()
+            if f.concrete and not f.many_to_many and f.name != "payload"
+        ),
+        "payload_shown",
     )
+
+    @admin.display(description="payload")
+    def payload_shown(self, task: AgentTask) -> str:
+        payload = dict(task.payload or {})
+        env = payload.pop("env", None)
+        if isinstance(env, dict):
+            payload["env_keys"] = sorted(env)
+        return json.dumps(payload, sort_keys=True)
 
     def has_add_permission(self, request) -> bool:
         return False

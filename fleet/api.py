@@ -26,10 +26,11 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from accounts.sealing import SealError
 from fleet import actions, wakeups
 from fleet.models import AgentTask, Host
 from fleet.selectors import host_for_agent_token
-from fleet.taskqueue import take_tasks
+from fleet.taskqueue import take_tasks, wire_payload
 
 log = logging.getLogger("zoomies.fleet")
 
@@ -160,12 +161,13 @@ def reports(request: HttpRequest, data: dict, *, host: Host) -> JsonResponse:
 
 
 def task_wire(task: AgentTask) -> dict:
+    """A task as its own agent receives it: the only place a sealed env is opened."""
     return {
         "id": task.pk,
         "kind": task.kind,
         "attempt": task.attempt,
         "runner_id": task.runner_id,
-        "payload": task.payload,
+        "payload": wire_payload(task),
     }
 
 
@@ -198,7 +200,25 @@ def _authenticate(token: str | None) -> tuple[int | None, float]:
 
 def _take(host_id: int) -> list[dict]:
     try:
-        return [task_wire(t) for t in take_tasks(host_id, timezone.now(), TASKS_PER_POLL)]
+        now = timezone.now()
+        wires = []
+        for task in take_tasks(host_id, now, TASKS_PER_POLL):
+            try:
+                wires.append(task_wire(task))
+            except SealError as exc:
+                # Sealed under another key (a lost or rotated one): the agent could do
+                # nothing with it, so it ends here, failing a create's runner (RUN-14).
+                log.error("task %s cannot be delivered: %s", task.pk, exc)
+                actions.record_task_result(
+                    host=task.host,
+                    task_id=task.pk,
+                    ok=False,
+                    error=f"the controller cannot unseal the task's env: {exc}",
+                    attempt=task.attempt,
+                    now=now,
+                    actor="system:taskqueue",
+                )
+        return wires
     finally:
         _release_connection()
 

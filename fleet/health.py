@@ -131,11 +131,22 @@ def _move(host: Host, health: str, *, now: datetime, silence: timedelta) -> list
 def housekeeping_step(now: datetime) -> list[str]:
     """The fleet's share of one housekeeping tick: the silence ladder, the task sweep, and
     the work still owed to hosts, rebuilt from rows (TASK-05, TASK-08)."""
-    from fleet.taskqueue import fail_unconfirmed_stops, reissue_owed_removes, sweep_tasks
+    from fleet.taskqueue import (
+        blank_env,
+        fail_unconfirmed_stops,
+        reissue_owed_removes,
+        sweep_tasks,
+    )
 
-    return (
+    lines = (
         check_host_health(now)
         + sweep_tasks(now)
         + fail_unconfirmed_stops(now)
         + reissue_owed_removes(now)
     )
+    # Tasks finished by a bulk update elsewhere (a runner's pending create cancelled when it
+    # failed) still hold their sealed env: drop it here.
+    blanked = blank_env()
+    if blanked:
+        lines.append(f"dropped the env of {blanked} finished task(s)")
+    return lines

@@ -5,6 +5,11 @@ task commit together (SCHED-16). `take_tasks` hands a host its pending tasks und
 `sweep_tasks` puts a task whose lease ended back on the queue, at most `max_attempts`
 offers in all (TASK-02, TASK-04). Every move is a compare-and-set on the task's state.
 
+A task's `env` holds a runner's JIT configuration or registration token (AUTH-07): values
+sealed with `seal_env` are unsealed by `wire_payload` only for the answer to the task's own
+agent, and `blank_env` drops the env once the task is final, so a row holds a runner
+credential only while the credential can still be used.
+
 What is still owed to a host is rebuilt from rows on every housekeeping tick, so a
 controller restart loses none of it (TASK-08): `reissue_owed_removes` issues a remove again
 until the host confirms one, and `fail_unconfirmed_stops` fails a draining runner whose
@@ -15,11 +20,13 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, QuerySet
 
 from accounts import audit
+from accounts.sealing import seal, unseal_text
 from fleet.models import AgentTask, Host
 from fleet.states import OPEN_TASK_STATES, HostHealth, TaskKind, TaskState
 from runners.states import RunnerState
@@ -39,6 +46,10 @@ LEASE_SETTING = {
 # start a workload nobody wants, so it is cancelled instead of delivered.
 SKIP_CREATE_FOR = frozenset({RunnerState.DRAINING, RunnerState.FAILED, RunnerState.REMOVED})
 
+
+# A sealed env value in a task row: this prefix, then `accounts.sealing.seal`'s "v1:..." text.
+SEALED_PREFIX = "sealed:"
+FINAL_TASK_STATES = (TaskState.DONE, TaskState.FAILED, TaskState.ABANDONED, TaskState.CANCELLED)
 
 # TASK-08: a failed or abandoned remove is issued again this long after it ended, doubling
 # with each further failure up to the ceiling, so a host that keeps failing one is asked at
@@ -75,6 +86,51 @@ def enqueue_task(
     )
     notify_host_on_commit(host_id)
     return task
+
+
+def seal_env(payload: dict) -> dict:
+    """The payload with each `env` value sealed: no runner credential is stored in plain text."""
+    env = payload.get("env")
+    if not isinstance(env, dict) or not env:
+        return payload
+    sealed = {}
+    for key, value in env.items():
+        text = str(value)  # what the agent would make of it (RunnerSpec.from_payload)
+        sealed[str(key)] = text if text.startswith(SEALED_PREFIX) else SEALED_PREFIX + seal(text)
+    return {**payload, "env": sealed}
+
+
+def wire_payload(task: AgentTask) -> dict:
+    """The payload as the task's agent receives it: `env` in plain values, over the agent's
+    own (TLS) connection. Raises accounts.sealing.SealError when a value cannot be unsealed."""
+    payload = task.payload
+    env = payload.get("env") if isinstance(payload, dict) else None
+    if not isinstance(env, dict):
+        return payload
+    return {**payload, "env": {key: _unsealed(value) for key, value in env.items()}}
+
+
+def _unsealed(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith(SEALED_PREFIX):
+        return unseal_text(value[len(SEALED_PREFIX) :])
+    return value  # a row written before env was sealed
+
+
+def blank_env(**scope: Any) -> int:
+    """Drop `env` from the final tasks among `scope` (every final task when none is given):
+    a finished task's credential is spent or unused, and the row outlives it. The names stay,
+    as `env_keys`. Returns how many rows were blanked."""
+    blanked = 0
+    finished = AgentTask.objects.filter(state__in=FINAL_TASK_STATES, payload__has_key="env")
+    for task in finished.filter(**scope).only("pk", "payload"):
+        payload = dict(task.payload)
+        env = payload.pop("env")
+        if isinstance(env, dict):
+            payload["env_keys"] = sorted(env)
+        blanked += AgentTask.objects.filter(pk=task.pk, state__in=FINAL_TASK_STATES).update(
+            payload=payload
+        )
+    return blanked
 
 
 def notify_host_on_commit(host_id: int) -> None:
@@ -124,6 +180,7 @@ def _cancel_pending(task: AgentTask, now: datetime, why: str) -> bool:
         state=TaskState.CANCELLED, finished_at=now, error=why
     )
     if cancelled:
+        blank_env(pk=task.pk)
         audit.record(
             actor="system:taskqueue",
             action="task.cancelled",
@@ -182,6 +239,7 @@ def _sweep_one(task: AgentTask, now: datetime) -> str | None:
             state=TaskState.ABANDONED, lease_deadline=None, finished_at=now, error=error
         ):
             return None
+        blank_env(pk=task.pk)
         reason = f"{label}: abandoned, {error}"
         audit.record(
             actor=SWEEP_ACTOR,

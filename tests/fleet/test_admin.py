@@ -54,3 +54,25 @@ def test_cordoning_from_the_admin_goes_through_the_action(client, admin_user):
     host.refresh_from_db()
     assert host.cordoned
     assert AuditLog.objects.filter(action="host.cordon", actor="user:ada").exists()
+
+
+@pytest.mark.django_db
+def test_auth07_the_task_admin_shows_the_env_names_and_never_the_credential(client, admin_user):
+    """AUTH-07: the admin shows which variables a task carries, not their (sealed) values."""
+    from fleet.taskqueue import enqueue_task
+
+    host, _ = join("h1")
+    runner = make_runner(host)
+    task = enqueue_task(
+        host_id=host.pk,
+        runner_id=runner.pk,
+        kind="create_runner",
+        payload={"runner_id": runner.pk, "env": {"ACTIONS_RUNNER_INPUT_JITCONFIG": "jit-abc"}},
+        now=host.joined_at,
+    )
+    client.force_login(admin_user)
+    page = client.get(f"/admin/fleet/agenttask/{task.pk}/change/")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert "ACTIONS_RUNNER_INPUT_JITCONFIG" in body
+    assert "jit-abc" not in body and "sealed:" not in body

@@ -502,3 +502,106 @@ def test_task08_no_remove_is_owed_once_the_agent_reported_the_end_or_the_host_wa
     lost.__class__.objects.filter(pk=lost.pk).update(health="lost")
     assert list(removes_owed()) == []
     assert reissue_owed_removes(later(minutes=5)) == []
+
+
+# -- runner credentials at rest (AUTH-07, SEC-05) ------------------------------------------
+
+JIT = "eyJqaXQiOiAidGhlLXJ1bm5lcnMtb25lLWNyZWRlbnRpYWwifQ=="
+
+
+def enqueue_create_with_jit(host, runner, now=T0) -> AgentTask:
+    from fleet.taskqueue import seal_env
+
+    return enqueue_task(
+        host_id=host.pk,
+        runner_id=runner.pk,
+        kind="create_runner",
+        payload=seal_env({"runner_id": runner.pk, "env": {"ACTIONS_RUNNER_INPUT_JITCONFIG": JIT}}),
+        now=now,
+    )
+
+
+def row_text(task: AgentTask) -> str:
+    task.refresh_from_db()
+    return json.dumps(task.payload)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_auth07_a_jit_config_is_sealed_in_the_row_plain_for_its_agent_and_gone_when_done(
+    agent_api,
+):
+    """AUTH-07, SEC-05: the task row never holds the JIT config in plain text; the agent's
+    long-poll answer carries it plain; a finished task holds it in no form at all."""
+    host, token = join("h1")
+    task = enqueue_create_with_jit(host, make_runner(host))
+    assert JIT not in row_text(task)
+    assert task.payload["env"]["ACTIONS_RUNNER_INPUT_JITCONFIG"].startswith("sealed:v1:")
+
+    (served,) = agent_api.get("tasks?wait=0", token=token).json()["tasks"]
+    assert served["payload"]["env"] == {"ACTIONS_RUNNER_INPUT_JITCONFIG": JIT}
+    assert JIT not in row_text(task)  # serving it changes nothing stored
+
+    answer = agent_api.post(f"tasks/{task.pk}/result", {"ok": True, "attempt": 1}, token=token)
+    assert answer.status_code == 200
+    text = row_text(task)
+    assert "sealed:" not in text and JIT not in text
+    assert task.payload == {
+        "runner_id": task.runner_id,
+        "env_keys": ["ACTIONS_RUNNER_INPUT_JITCONFIG"],
+    }
+
+
+@pytest.mark.django_db
+def test_auth07_a_redelivered_task_still_has_its_env_and_an_abandoned_one_loses_it():
+    host, _ = join("h1")
+    task = enqueue_create_with_jit(host, make_runner(host))
+    now = T0
+    for _ in range(3):
+        (taken,) = take_tasks(host, now)
+        assert taken.payload["env"]["ACTIONS_RUNNER_INPUT_JITCONFIG"].startswith("sealed:")
+        now += timedelta(minutes=20)
+        sweep_tasks(now)
+    task.refresh_from_db()
+    assert task.state == "abandoned"
+    assert "env" not in task.payload and "sealed:" not in row_text(task)
+
+
+@pytest.mark.django_db
+def test_auth07_a_cancelled_create_loses_its_env_on_the_next_tick_at_the_latest():
+    """Creates cancelled anywhere (taken for a draining runner, or cancelled in bulk when its
+    runner failed) keep no credential past the next housekeeping tick."""
+    from fleet.health import housekeeping_step
+    from runners.lifecycle import fail_runner
+
+    host, _ = join("h1")
+    drained = make_runner(host, "draining")
+    skipped = enqueue_create_with_jit(host, drained)
+    take_tasks(host, T0)
+    skipped.refresh_from_db()
+    assert skipped.state == "cancelled" and "env" not in skipped.payload
+
+    failed = make_runner(host, "provisioning")
+    cancelled = enqueue_create_with_jit(host, failed)
+    fail_runner(failed, now=T0, actor="user:ada", message="test")
+    cancelled.refresh_from_db()
+    assert cancelled.state == "cancelled"
+    housekeeping_step(later(1))
+    assert "env" not in AgentTask.objects.get(pk=cancelled.pk).payload
+
+
+@pytest.mark.django_db(transaction=True)
+def test_auth07_a_task_whose_env_cannot_be_unsealed_fails_its_runner(agent_api):
+    """A task sealed under another key is not delivered as garbage: it fails, and so does its
+    create's runner (RUN-14), with a message saying why."""
+    host, token = join("h1")
+    runner = make_runner(host)
+    task = enqueue_create_with_jit(host, runner)
+    AgentTask.objects.filter(pk=task.pk).update(
+        payload={"runner_id": runner.pk, "env": {"JIT": "sealed:v1:bm90LXNlYWxlZC1oZXJl"}}
+    )
+    assert agent_api.get("tasks?wait=0", token=token).json() == {"tasks": []}
+    task.refresh_from_db()
+    runner.refresh_from_db()
+    assert task.state == "failed" and "cannot unseal" in task.error
+    assert runner.state == "failed" and "cannot unseal" in runner.message
+    assert "env" not in task.payload
