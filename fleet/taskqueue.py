@@ -5,10 +5,10 @@ task commit together (SCHED-16). `take_tasks` hands a host its pending tasks und
 `sweep_tasks` puts a task whose lease ended back on the queue, at most `max_attempts`
 offers in all (TASK-02, TASK-04). Every move is a compare-and-set on the task's state.
 
-A task's `env` holds a runner's JIT configuration or registration token (AUTH-07): values
-sealed with `seal_env` are unsealed by `wire_payload` only for the answer to the task's own
-agent, and `blank_env` drops the env once the task is final, so a row holds a runner
-credential only while the credential can still be used.
+A task's `env` (a runner's JIT configuration or registration token) is sealed in the row
+(AUTH-07): `enqueue_task` seals each value, `wire_payload` unseals them only for the answer
+to the task's own agent, and `blank_env` drops them once the task is final, so a row holds
+a runner credential only while the credential can still be used, and never in plain text.
 
 What is still owed to a host is rebuilt from rows on every housekeeping tick, so a
 controller restart loses none of it (TASK-08): `reissue_owed_removes` issues a remove again
@@ -77,7 +77,7 @@ def enqueue_task(
         host_id=host_id,
         runner_id=runner_id,
         kind=kind,
-        payload=payload,
+        payload=seal_env(payload),
         state=TaskState.PENDING,
         attempt=0,
         max_attempts=registry.get("tasks.max_attempts"),

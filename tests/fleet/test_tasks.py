@@ -510,13 +510,12 @@ JIT = "eyJqaXQiOiAidGhlLXJ1bm5lcnMtb25lLWNyZWRlbnRpYWwifQ=="
 
 
 def enqueue_create_with_jit(host, runner, now=T0) -> AgentTask:
-    from fleet.taskqueue import seal_env
-
+    """A create task as the reconcile pass enqueues it: the JIT config in plain text."""
     return enqueue_task(
         host_id=host.pk,
         runner_id=runner.pk,
         kind="create_runner",
-        payload=seal_env({"runner_id": runner.pk, "env": {"ACTIONS_RUNNER_INPUT_JITCONFIG": JIT}}),
+        payload={"runner_id": runner.pk, "env": {"ACTIONS_RUNNER_INPUT_JITCONFIG": JIT}},
         now=now,
     )
 

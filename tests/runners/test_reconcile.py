@@ -87,7 +87,8 @@ def test_sched16_a_pass_writes_runner_rows_with_their_create_tasks(fake_gh, flee
         env = task.payload["env"]
         # SEC-05: the runner gets its single-use JIT config and nothing of the App.
         assert set(env) <= {"ACTIONS_RUNNER_INPUT_JITCONFIG", "PYTHONPATH"}
-        assert env["ACTIONS_RUNNER_INPUT_JITCONFIG"]
+        # AUTH-07: the single-use credential is sealed in the row; only its agent sees it.
+        assert env["ACTIONS_RUNNER_INPUT_JITCONFIG"].startswith("sealed:")
         assert task.payload["command"][-1] == "runners.github.fake.runner"
     registered = {r["name"] for r in fake_gh.runners(installation.github_id)}
     assert registered == {r.name for r in runners}
@@ -193,9 +194,11 @@ def _start_fake_runner(task):
     """Run the runner a create task describes, in a thread, as the agent would."""
     import io
 
+    from fleet.taskqueue import wire_payload
     from runners.github.fake.runner import FakeRunner, decode_jit_config
 
-    config = decode_jit_config(task.payload["env"]["ACTIONS_RUNNER_INPUT_JITCONFIG"])
+    # The row holds it sealed (AUTH-07); the agent receives it as the long-poll serves it.
+    config = decode_jit_config(wire_payload(task)["env"]["ACTIONS_RUNNER_INPUT_JITCONFIG"])
     runner = FakeRunner(config, out=io.StringIO(), poll_wait=1)
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
