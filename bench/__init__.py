@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print a table (see bench/README.md). Never run by the tests."""
