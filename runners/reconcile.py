@@ -13,7 +13,7 @@ import secrets
 import socket
 import sys
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -458,29 +458,31 @@ def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> A
     if app is None:
         report.skipped.append("no GitHub App is configured: no runner can be registered")
         return report
-    # PEERS 7: mint a burst concurrently, within a bounded number of connections.
-    with ThreadPoolExecutor(max_workers=min(JIT_MINT_CONCURRENCY, len(work))) as pool_exec:
-        futures = [(w, pool_exec.submit(_mint, app, *w)) for w in work]
+    # PEERS 7: mint a burst concurrently, within a bounded number of connections, and write
+    # each runner as soon as its credential is back: one slow mint delays only itself.
     host_ids = set()
-    for (create, pool, inst, image), future in futures:
-        try:
-            minted = future.result()
-        except RateLimited as exc:
-            until = stand_down(inst, exc, now=now, by="reconcile")
-            report.skipped.append(f"{pool.name}: rate limited by GitHub until {until:%H:%M:%S}")
-            continue
-        except Exception as exc:  # a refused mint skips this create; the next pass retries
-            report.skipped.append(f"{pool.name}: could not mint a runner credential: {exc}")
-            log.warning("%s: could not mint a runner credential: %s", pool.name, exc)
-            continue
-        try:
-            runner = _write_runner(minted, image, now)
-        except Exception as exc:  # one bad row must not lose the rest of the burst
-            log.exception("%s: could not write the runner row", pool.name)
-            report.skipped.append(f"{pool.name}: could not write the runner row: {exc}")
-            continue
-        host_ids.add(create.host_id)
-        report.created.append(f"{runner.name}: {create.reason}")
+    with ThreadPoolExecutor(max_workers=min(JIT_MINT_CONCURRENCY, len(work))) as pool_exec:
+        pending = {pool_exec.submit(_mint, app, *w): w for w in work}
+        for future in as_completed(pending):
+            create, pool, inst, image = pending[future]
+            try:
+                minted = future.result()
+            except RateLimited as exc:
+                until = stand_down(inst, exc, now=now, by="reconcile")
+                report.skipped.append(f"{pool.name}: rate limited by GitHub until {until:%H:%M:%S}")
+                continue
+            except Exception as exc:  # a refused mint skips this create; the next pass retries
+                report.skipped.append(f"{pool.name}: could not mint a runner credential: {exc}")
+                log.warning("%s: could not mint a runner credential: %s", pool.name, exc)
+                continue
+            try:
+                runner = _write_runner(minted, image, now)
+            except Exception as exc:  # one bad row must not lose the rest of the burst
+                log.exception("%s: could not write the runner row", pool.name)
+                report.skipped.append(f"{pool.name}: could not write the runner row: {exc}")
+                continue
+            host_ids.add(create.host_id)
+            report.created.append(f"{runner.name}: {create.reason}")
     _notify_hosts(host_ids)
     return report
 

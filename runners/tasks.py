@@ -20,6 +20,9 @@ def _holder() -> str:
 
 def reconcile_task() -> int:
     from runners.reconcile import reconcile_now
+    from runners.wake import clear_wake
+
+    clear_wake()  # before the pass: a wake during it enqueues the next one
 
     reports = reconcile_now()
     return sum(len(r.created) for r in reports or [])

@@ -65,6 +65,16 @@ def release(name: str, *, holder: str, force: bool = False) -> bool:
     return not Lease.objects.filter(name=name, holder=holder).exists()
 
 
+def claim_flag(name: str) -> bool:
+    """Set a named flag (a lease row's `dirty`); True only if this call turned it on."""
+    _ensure(name)
+    return bool(Lease.objects.filter(name=name, dirty=False).update(dirty=True))
+
+
+def clear_flag(name: str) -> None:
+    Lease.objects.filter(name=name, dirty=True).update(dirty=False)
+
+
 def holder_of(name: str) -> tuple[str, datetime | None]:
     row = Lease.objects.filter(name=name).values_list("holder", "expires_at").first()
     return row if row else ("", None)

@@ -344,3 +344,19 @@ def test_sched27_the_django_q2_task_runs_a_pass(fake_gh, fleet_rows):
     installation, _pool, _host = fleet_rows
     queue_jobs(installation, 2)
     assert reconcile_task() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hook04_a_burst_of_wakes_enqueues_one_pass_until_that_pass_starts():
+    """HOOK-04, SCHED-27: wakes coalesce; one that lands once the pass started is kept."""
+    from django_q.models import OrmQ
+
+    from runners import wake
+
+    for _ in range(20):
+        wake.wake_reconcile()
+    assert OrmQ.objects.count() == 1
+    wake.clear_wake()  # what the task does before its pass
+    wake.wake_reconcile()
+    wake.wake_reconcile()
+    assert OrmQ.objects.count() == 2

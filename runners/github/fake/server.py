@@ -267,6 +267,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     block_on_close = False
+    # socketserver's default backlog of 5 overflows in a burst, and the kernel then drops a
+    # connect that the client retries a second later: a fake must not add latency (PEERS 12).
+    request_queue_size = 128
     fake: FakeGitHub
 
     def get_request(self) -> tuple[socket.socket, Any]:
