@@ -97,3 +97,25 @@ def test_run19_a_removed_runner_on_a_lost_host_is_reaped():
     assert "host h1 lost: no heartbeat for 10m30s" in lines
     assert not [line for line in lines if "issued again" in line]
     assert f"{runner.name}: reaped" in lines
+
+
+@pytest.mark.django_db
+def test_run10_a_failed_runner_stays_listed_with_its_message_for_the_retention_then_goes():
+    """RUN-10: ten minutes after finished_at, not a second sooner."""
+    host, _token = join("zoomies-host-1")
+    runner = make_runner(host, state="registering")
+    fail_runner(runner, now=T0, actor="test", message="the agent could not start it")
+    # The agent confirms the workload is gone, so nothing is owed to the host.
+    apply_reports(
+        host=host, reports=[{"runner_id": runner.pk, "state": "failed", "phase": "exited"}], now=T0
+    )
+    for task in AgentTask.objects.filter(runner=runner):
+        AgentTask.objects.filter(pk=task.pk).update(state="done")
+
+    tick(host, T0 + timedelta(minutes=9, seconds=59))
+    runner.refresh_from_db()
+    assert runner.state == "failed"
+    assert runner.message == "the agent could not start it"
+
+    tick(host, T0 + timedelta(minutes=10))
+    assert not exists(runner), "removed at the end of its retention, then reaped"
