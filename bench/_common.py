@@ -16,6 +16,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from tests.e2e.harness import kill_leftovers  # noqa: F401  (one copy, shared with the tests)
+
 ROOT = Path(__file__).resolve().parents[1]
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 
@@ -203,25 +205,6 @@ def kill_session(sid: int) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def kill_leftovers(marker: str) -> int:
-    """SIGKILL processes whose command line names `marker` (the benchmark's temp dir).
-
-    Runner processes are detached on purpose (a stopping agent leaves them running), as in
-    tests/e2e/conftest.py; returns how many were found.
-    """
-    killed = 0
-    for pid_dir in Path("/proc").iterdir():
-        if not pid_dir.name.isdigit() or int(pid_dir.name) == os.getpid():
-            continue
-        if marker in _cmdline(pid_dir):
-            try:
-                os.kill(int(pid_dir.name), signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
-    return killed
 
 
 def stop_controller(controller) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.db.models import Count, Q
 from rest_framework import generics, serializers
 
 from accounts.permissions import HasFleetScope
@@ -12,7 +13,7 @@ from runners.states import LIVE_STATES
 class HostSerializer(serializers.ModelSerializer):
     """A host's GET shape; `runners` is counted from rows, never stored (SCHED-09)."""
 
-    runners = serializers.SerializerMethodField()
+    runners = serializers.IntegerField(source="live_runners", read_only=True)
 
     class Meta:
         model = Host
@@ -23,12 +24,12 @@ class HostSerializer(serializers.ModelSerializer):
         ]  # fmt: skip
         read_only_fields = fields
 
-    def get_runners(self, host: Host) -> int:
-        return host.runners.filter(state__in=list(LIVE_STATES)).count()
-
 
 class HostList(generics.ListAPIView):
     permission_classes = [HasFleetScope]
     serializer_class = HostSerializer
-    queryset = Host.objects.order_by("name")
+    # Counted in the list's one query, not one query per host.
+    queryset = Host.objects.annotate(
+        live_runners=Count("runners", filter=Q(runners__state__in=list(LIVE_STATES)))
+    ).order_by("name")
     pagination_class = None

@@ -6,6 +6,10 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from django.db.models import Exists, OuterRef
+
+from fleet.models import AgentTask
+from fleet.states import TaskState
 from runners.models import Runner
 from runners.states import RunnerState
 from runners.transitions import transition_runner
@@ -50,16 +54,19 @@ def reap_removed_runners(now: datetime) -> list[str]:
     # TASK-08: a remove the host still owes (its last failed or was abandoned, none
     # succeeded) keeps the row, or the intent would be lost with it (its tasks go too).
     owed = set(removes_owed().filter(state=RunnerState.REMOVED).values_list("pk", flat=True))
-    lines = []
-    for runner in Runner.objects.filter(state=RunnerState.REMOVED).exclude(pk__in=waiting):
-        if runner.pk in owed:
-            continue
-        if runner.tasks.filter(state__in=("pending", "in_flight")).exists():
-            continue  # a remove still on its way to the host (TASK-08)
-        deleted, _ = Runner.objects.filter(pk=runner.pk, state=RunnerState.REMOVED).delete()
-        if deleted:
-            lines.append(f"{runner.name}: reaped")
-    return lines
+    # A remove still on its way to the host keeps the row too (TASK-08).
+    in_flight = AgentTask.objects.filter(
+        runner_id=OuterRef("pk"), state__in=(TaskState.PENDING, TaskState.IN_FLIGHT)
+    )
+    reapable = (
+        Runner.objects.filter(state=RunnerState.REMOVED)
+        .exclude(pk__in=waiting | owed)
+        .exclude(Exists(in_flight))
+    )
+    names = list(reapable.values_list("name", flat=True))
+    # One DELETE, guarded by the same filter, so a row that moved meanwhile is kept.
+    reapable.filter(name__in=names).delete()
+    return [f"{name}: reaped" for name in names]
 
 
 def housekeeping_step(now: datetime) -> HousekeepingReport:

@@ -72,7 +72,18 @@ def scheduler_settings() -> SchedulerSettings:
 STARTING = (RunnerState.PROVISIONING, RunnerState.REGISTERING)
 
 
-def _deregister(runner: Runner) -> str:
+def registration_target(pool: Pool, installation: Installation) -> dict[str, str]:
+    """Where a pool's runners register at GitHub: its repository, or the organisation."""
+    if pool.repository:
+        return {"repo": pool.repository}
+    if installation.kind == Installation.Kind.REPO:
+        if not installation.repositories:
+            raise RuntimeError(f"installation {installation.account} lists no repository")
+        return {"repo": installation.repositories[0]}
+    return {"org": installation.account}
+
+
+def _deregister(runner: Runner, now: datetime) -> str:
     """Delete an idle runner's registration at GitHub; "deleted", "gone", "busy" or why not."""
     if runner.github_runner_id is None or runner.installation_id is None:
         # A runner we hold no GitHub id for (a registration-token runner): nothing to ask.
@@ -83,18 +94,14 @@ def _deregister(runner: Runner) -> str:
     if app is None:
         return "no GitHub App is configured"
     installation = runner.installation
-    if under_standdown(installation, timezone.now()):
+    if under_standdown(installation, now):
         return f"installation {installation.account} is rate limited"
-    pool = runner.pool
-    target = {"repo": pool.repository} if pool.repository else {"org": installation.account}
-    if installation.kind == Installation.Kind.REPO and not pool.repository:
-        target = {"repo": (installation.repositories or [""])[0]}
     try:
         return app.for_installation(installation.github_id).delete_runner(
-            runner_id=runner.github_runner_id, **target
+            runner_id=runner.github_runner_id, **registration_target(runner.pool, installation)
         )
     except RateLimited as exc:
-        stand_down(installation, exc, now=timezone.now(), by="reconcile")
+        stand_down(installation, exc, now=now, by="reconcile")
         return "rate limited by GitHub"
     except Exception as exc:  # the drain waits for the next pass; the runner stays idle
         return f"GitHub did not confirm the deregistration: {exc}"
@@ -323,14 +330,7 @@ def _mint(app, create, pool: Pool, installation: Installation, image: str) -> _M
     """
     name = naming.runner_name(pool.name, secrets.randbelow(10**6), secrets.token_hex(3))
     client = app.for_installation(installation.github_id)
-    if pool.repository:
-        target = {"repo": pool.repository}
-    elif installation.kind == Installation.Kind.REPO:
-        if not installation.repositories:
-            raise RuntimeError(f"installation {installation.account} lists no repository")
-        target = {"repo": installation.repositories[0]}
-    else:
-        target = {"org": installation.account}
+    target = registration_target(pool, installation)
     labels = list(dict.fromkeys(list(pool.labels or []) + [pool.name]))
     if pool.ephemeral:
         jit = client.generate_jitconfig(
@@ -423,7 +423,7 @@ def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> A
             continue
         # PEERS 3: deregister at GitHub first. A runner that took a job meanwhile answers
         # "busy" (422), and nothing touches a busy runner.
-        answer = _deregister(runner)
+        answer = _deregister(runner, now)
         if answer != "deleted" and answer != "gone":
             report.skipped.append(f"{runner.name}: not drained: {answer}")
             continue

@@ -2,31 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import signal
-from pathlib import Path
-
 import pytest
 
 from runners.github.fake import FakeGitHub
-from tests.e2e.harness import Controller, free_port
-
-
-def kill_leftovers(marker: str) -> None:
-    """Runner processes are detached on purpose (a stopping agent leaves them running);
-    the test that started them takes them away."""
-    for pid_dir in Path("/proc").iterdir():
-        if not pid_dir.name.isdigit():
-            continue
-        try:
-            cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmdline and int(pid_dir.name) != os.getpid():
-            try:
-                os.kill(int(pid_dir.name), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+from tests.e2e.harness import Controller, free_port, kill_leftovers
 
 
 @pytest.fixture

@@ -28,6 +28,34 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def kill_leftovers(marker: str) -> int:
+    """SIGKILL processes whose command line names `marker` (a test's or bench's temp dir).
+
+    Runner processes are detached on purpose (a stopping agent leaves them running), so the
+    test or benchmark that started them takes them away; returns how many it found.
+    """
+    killed = 0
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit() or int(pid_dir.name) == os.getpid():
+            continue
+        try:
+            cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline:
+            pid = int(pid_dir.name)
+            try:
+                # A runner's shim leads its own process group: take the runner with it.
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.2):
     """Poll until `predicate()` is truthy; returns its value, or fails naming `what`."""
     deadline = time.monotonic() + timeout

@@ -23,8 +23,7 @@ from runners.github import config as github_config
 from runners.github.fake import FakeGitHub
 from runners.housekeeping import housekeeping_step
 from runners.models import Installation, Job, Pool, Runner
-from tests.e2e.conftest import kill_leftovers
-from tests.e2e.harness import MANAGE, ROOT, wait_for
+from tests.e2e.harness import MANAGE, ROOT, kill_leftovers, wait_for
 from zoomies_site import registry
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

@@ -31,6 +31,6 @@ def test_arch02_the_sandbox_runs_a_job_to_completion_within_a_minute(tmp_path):
         print(f"sandbox: first job completed {took:.1f} s after the controller was started")
     finally:
         controller.stop()
-        from tests.e2e.conftest import kill_leftovers
+        from tests.e2e.harness import kill_leftovers
 
         kill_leftovers(str(tmp_path))

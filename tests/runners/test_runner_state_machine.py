@@ -151,3 +151,16 @@ def test_every_transition_writes_an_audit_row(pool):
     row = AuditLog.objects.get(action="runner.registering")
     assert row.actor == "agent:h1"
     assert row.detail == {"from": "provisioning", "to": "registering", "reason": "started"}
+
+
+def test_run01_the_scheduler_spells_the_runner_states_as_the_model_does():
+    """The scheduler cannot import the model's TextChoices (SCHED-01), so its copies of the
+    state names are pinned here to the one source."""
+    from runners.scheduler import model
+
+    names = {
+        model.PROVISIONING, model.REGISTERING, model.IDLE, model.BUSY, model.DRAINING,
+        model.FAILED, model.REMOVED,
+    }  # fmt: skip
+    assert names == {s.value for s in RunnerState}
+    assert {s for s in model.TERMINAL_STATES} == {"failed", "removed"}
