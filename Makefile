@@ -6,3 +6,6 @@ sandbox:
 	scripts/run.sh --sandbox
 test:
 	scripts/test.sh
+.PHONY: bench
+bench:
+	scripts/bootstrap.sh && .venv/bin/python -m bench $(BENCH_ARGS)

@@ -7,7 +7,7 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "zoomies_site.settings")
-    from django.core.management import execute_from_command_line
+    from django.core.management import execute_from_command_line  # noqa: PLC0415  # once DJANGO_SETTINGS_MODULE is set
 
     execute_from_command_line(sys.argv)
 

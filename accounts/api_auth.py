@@ -1,32 +1,65 @@
-"""DRF authentication by `Authorization: Bearer zpt_…` API tokens."""
+"""DRF authentication by `Authorization: Bearer zpt_…` API tokens, and the API's error shape."""
 
 from __future__ import annotations
 
-from django.utils import timezone
-from rest_framework import authentication, exceptions
+import logging
 
-from accounts.models import ApiToken
-from accounts.tokens import TOKEN_PREFIX, token_for_secret
+from django.core.exceptions import RequestDataTooBig
+from rest_framework import authentication, exceptions, status
+from rest_framework.response import Response
+
+from accounts.tokens import TOKEN_PREFIX, token_for_secret, touch
+
+log = logging.getLogger("zoomies.api")
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
-    """Authenticates API tokens; `request.auth` is the ApiToken row (for scope checks)."""
+    """Authenticates API tokens; `request.auth` is the ApiToken row (for scope checks).
+
+    Any bearer credential is this class's to judge: one that is not a live API token is
+    refused as invalid, never passed over as if no credential had been sent.
+    """
 
     keyword = "Bearer"
 
     def authenticate(self, request):
         header = authentication.get_authorization_header(request).decode(errors="replace")
-        if not header.startswith(self.keyword + " "):
+        scheme, _, secret = header.partition(" ")
+        if scheme.lower() != self.keyword.lower():
             return None
-        secret = header[len(self.keyword) + 1 :].strip()
+        secret = secret.strip()
+        if not secret:
+            raise exceptions.AuthenticationFailed("invalid API token: the Bearer token is empty")
         if not secret.startswith(TOKEN_PREFIX):
-            return None
+            raise exceptions.AuthenticationFailed(
+                f"invalid API token: API tokens start with {TOKEN_PREFIX} "
+                "(manage.py token create mints one)"
+            )
         token = token_for_secret(secret)
         if token is None:
-            raise exceptions.AuthenticationFailed("invalid or expired API token")
-        # last_used_at is a hint, not an audit record: one cheap UPDATE without a read.
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+            raise exceptions.AuthenticationFailed("invalid, expired or revoked API token")
+        touch(token)
         return token.user, token
 
     def authenticate_header(self, request) -> str:
         return self.keyword
+
+
+def api_exception_handler(exc, context):
+    """DRF's handler, plus: a body over DATA_UPLOAD_MAX_MEMORY_SIZE is a 413, not a traceback.
+
+    Django raises RequestDataTooBig when a view reads such a body; left to Django it is
+    answered with an HTML 400 and logged as an ERROR with its traceback, though the client,
+    not the server, is at fault.
+    """
+    # Imported here: rest_framework.views imports this module through the API settings.
+    from rest_framework.views import exception_handler  # noqa: PLC0415
+
+    if isinstance(exc, RequestDataTooBig):
+        request = context.get("request")
+        log.warning("%s: the request body is too large (%s)", getattr(request, "path", "?"), exc)
+        return Response(
+            {"detail": "the request body is too large"},
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
+    return exception_handler(exc, context)

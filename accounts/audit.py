@@ -1,4 +1,8 @@
-"""The one way an audit row is written: inside the caller's transaction (STYLE point 5)."""
+"""The one way an audit row is written: inside the caller's transaction.
+
+Never from a signal: a signal misses writes made outside a request (most transitions are), and
+writing in the action's own transaction makes a change and its audit row commit together.
+"""
 
 from __future__ import annotations
 

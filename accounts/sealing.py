@@ -36,6 +36,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from zoomies_site.core import environment
+
 log = logging.getLogger(__name__)
 
 PREFIX = "v1:"
@@ -62,7 +64,7 @@ class _Key:
     source: str
 
 
-_cache: dict[tuple[str | None, str | None, str | None], _Key] = {}
+_cache: dict[tuple[str, str, str | None], _Key] = {}
 _cache_lock = threading.Lock()
 
 
@@ -115,33 +117,35 @@ def _generated_key(data_dir: Path) -> _Key:
 
 
 def _data_dir() -> Path:
-    from django.conf import settings  # Lazy: the module must import without Django set up.
+    from django.conf import settings  # noqa: PLC0415  # Lazy: the module must import without Django set up.
 
     return Path(settings.DATA_DIR)
 
 
 def _load_key() -> _Key:
-    env_value = os.environ.get(KEY_ENV) or None
-    file_name = os.environ.get(KEY_FILE_ENV) or None
-    data_dir = None if env_value or file_name else str(_data_dir())
-    cache_key = (env_value, file_name, data_dir)
+    try:
+        found = environment.lookup(KEY_ENV)
+    except OSError as exc:
+        raise SealError(
+            f"cannot read the sealing key file {exc.filename} named by {KEY_FILE_ENV}: "
+            f"{exc.strerror or exc}"
+        ) from None
+    except UnicodeDecodeError:
+        raise SealError(f"the sealing key file named by {KEY_FILE_ENV} is not text") from None
+    data_dir = None if found else str(_data_dir())
+    # Keyed by the text itself: a rotated key file is a new entry, not a stale hit.
+    cache_key = (found.source, found.text, data_dir)
     with _cache_lock:
         cached = _cache.get(cache_key)
         if cached is not None:
             return cached
-        if env_value is not None:
-            loaded = _parse_key(env_value.encode(), f"environment variable {KEY_ENV}")
-        elif file_name is not None:
-            try:
-                raw = Path(file_name).read_bytes()
-            except OSError as exc:
-                raise SealError(
-                    f"cannot read the sealing key file {file_name} named by {KEY_FILE_ENV}: "
-                    f"{exc.strerror or exc}"
-                ) from None
-            loaded = _parse_key(raw, f"file {file_name} named by {KEY_FILE_ENV}")
+        if found.source == KEY_ENV:
+            loaded = _parse_key(found.text.encode(), f"environment variable {KEY_ENV}")
+        elif found:
+            where = f"file {found.path} named by {KEY_FILE_ENV}"
+            loaded = _parse_key(found.text.encode(), where)
         else:
-            assert data_dir is not None
+            assert data_dir is not None  # noqa: S101  # narrows the type; the code above guarantees it
             loaded = _generated_key(Path(data_dir))
         _cache[cache_key] = loaded
         return loaded
@@ -191,6 +195,6 @@ def unseal_text(sealed: str) -> str:
 
 
 def clear_key_cache() -> None:
-    """Forget the loaded key (tests, or after rotating the key file)."""
+    """Forget the loaded keys (tests, or after replacing the key generated in the data dir)."""
     with _cache_lock:
         _cache.clear()

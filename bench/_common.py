@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tests.e2e.harness import kill_leftovers  # noqa: F401  (one copy, shared with the tests)
+from tests.e2e.harness import kill_leftovers  # noqa: F401   # one copy, shared with the tests
 
 ROOT = Path(__file__).resolve().parents[1]
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
@@ -159,7 +159,7 @@ class CpuSampler:
 
 
 def _role(cmdline: str) -> str:
-    if "daphne" in cmdline:
+    if "daphne" in cmdline or "zoomies_site.server" in cmdline:
         return "web"
     if "qcluster" in cmdline:
         return "workers"
@@ -222,7 +222,7 @@ def postgres_sessions(controller) -> int | None:
     url = controller.env.get("ZOOMIES_DATABASE_URL")
     if not url:
         return None
-    import psycopg
+    import psycopg  # noqa: PLC0415  # only a PostgreSQL run needs it
 
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
@@ -236,7 +236,7 @@ def drop_postgres(controller) -> None:
     url = controller.env.get("ZOOMIES_DATABASE_URL")
     if not url:
         return
-    import psycopg
+    import psycopg  # noqa: PLC0415  # only a PostgreSQL run needs it
 
     name = url.rpartition("/")[2]
     with psycopg.connect(os.environ["ZOOMIES_DATABASE_URL"], autocommit=True) as conn:
@@ -254,3 +254,36 @@ def sigterm_raises() -> None:
 
 def flush() -> None:
     sys.stdout.flush()
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+
+def process_memory(pid: int) -> tuple[float, float] | None:
+    """(RSS, PSS) of one process in MB from /proc/<pid>/smaps_rollup; None if it is gone.
+
+    PSS shares each page among the processes mapping it, so the PSS of a process tree adds
+    up to what the tree really costs the machine, where RSS counts shared pages once per
+    process.
+    """
+    values = {}
+    try:
+        for line in (Path("/proc") / str(pid) / "smaps_rollup").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Pss"):
+                values[key] = int(rest.split()[0]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    if "Rss" not in values or "Pss" not in values:
+        return None
+    return values["Rss"], values["Pss"]
+
+
+def session_memory(sid: int) -> list[tuple[int, str, float, float]]:
+    """(pid, role, RSS MB, PSS MB) of every live process of session `sid`."""
+    found = []
+    for pid, cmdline in sorted(session_processes(sid).items()):
+        memory = process_memory(pid)
+        if memory is not None:
+            found.append((pid, _role(cmdline), memory[0], memory[1]))
+    return found

@@ -137,12 +137,24 @@ class Result:
         ]  # fmt: skip
 
 
-def load(target: str, url: str, items: list[tuple[dict[str, str], bytes]], concurrency: int):
-    """Closed loop: `concurrency` threads, one httpx client each, take the next item in turn."""
+def load(
+    target: str,
+    url: str,
+    items: list[tuple[dict[str, str], bytes]],
+    concurrency: int,
+    seconds: float | None = None,
+):
+    """Closed loop: `concurrency` threads, one httpx client each, take the next item in turn.
+
+    With `seconds`, no item is taken after that many seconds: `result.deliveries` says how
+    many were sent (the first ones of `items`).
+    """
     result = Result(target, concurrency, len(items))
     lock = threading.Lock()
     position = iter(range(len(items)))
     start = threading.Barrier(concurrency + 1)
+    handed = [0]
+    deadline = [float("inf")]
 
     def worker() -> None:
         latencies, errors, first_error = [], 0, ""
@@ -155,6 +167,10 @@ def load(target: str, url: str, items: list[tuple[dict[str, str], bytes]], concu
             while True:
                 with lock:
                     index = next(position, None)
+                    if index is not None and time.perf_counter() > deadline[0]:
+                        index = None
+                    if index is not None:
+                        handed[0] += 1
                 if index is None:
                     break
                 headers, body = items[index]
@@ -177,24 +193,29 @@ def load(target: str, url: str, items: list[tuple[dict[str, str], bytes]], concu
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
     for thread in threads:
         thread.start()
+    if seconds is not None:
+        deadline[0] = time.perf_counter() + seconds
     start.wait()
     began = time.perf_counter()
     for thread in threads:
         thread.join()
     result.wall = time.perf_counter() - began
+    result.deliveries = handed[0]
     return result
 
 
 class Floor:
-    """daphne serving bench/floor_asgi.py, as the controller serves Zoomies."""
+    """daphne serving a floor app (bench/floor_asgi.py or bench/floor_django.py), as the
+    controller serves Zoomies."""
 
-    def __init__(self, log_path: Path):
+    def __init__(self, log_path: Path, app: str = "bench.floor_asgi:application"):
+        self.app = app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/webhooks/github"
         self.log = log_path.open("w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-             "--access-log", os.devnull, "bench.floor_asgi:application"],
+             "--access-log", os.devnull, app],
             cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         self.sampler = CpuSampler(self.process.pid)
@@ -204,7 +225,7 @@ class Floor:
 
     def _ready(self) -> bool:
         if self.process.poll() is not None:
-            raise RuntimeError(f"the floor daphne exited with {self.process.returncode}")
+            raise RuntimeError(f"the floor {self.app} exited with {self.process.returncode}")
         return httpx.post(self.url, content=b"{}", timeout=2).status_code == 200
 
     def cpu(self) -> float:
@@ -247,9 +268,13 @@ def settle(cpu: CpuSampler, idle: float, limit: float = 30.0) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--deliveries", type=int, default=500, help="per concurrency level")
+    parser.add_argument(
+        "--seconds", type=float, help="send for at most this long per level (and target)"
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--postgres", action="store_true", help=f"use {POSTGRES_URL}")
     parser.add_argument("--postgres-url", default=POSTGRES_URL, help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     sigterm_raises()
     if args.postgres:
@@ -281,7 +306,7 @@ def run(args, tmp: Path) -> int:
             "ZOOMIES_GITHUB_WEBHOOK_SECRETS": SECRET,
         },
     )
-    floor = cpu = None
+    floor = django_floor = cpu = None
     try:
         controller.prepare()
         controller.manage(
@@ -291,11 +316,14 @@ def run(args, tmp: Path) -> int:
         controller.start("--no-agent")
         cpu = CpuSampler(controller.process.pid)
         floor = Floor(tmp / "floor.log")
+        django_floor = Floor(tmp / "floor-django.log", "bench.floor_django:application")
         floor.wait_ready()
+        django_floor.wait_ready()
         hook = f"{controller.url}/webhooks/github"
         deliveries = Deliveries(installation_id)
         warm = deliveries.make(WARMUP)
-        for target, url in (("zoomies", hook), ("floor", floor.url)):
+        targets = (("zoomies", hook), ("floor", floor.url), ("django", django_floor.url))
+        for target, url in targets:
             result = load(target, url, warm, 1)
             if result.errors:
                 raise RuntimeError(f"warm-up against {target}: {result.first_error}")
@@ -313,7 +341,12 @@ def run(args, tmp: Path) -> int:
             cpu_before, own_before, jiffies_before = cpu.by_role(), own_cpu(), cpu_jiffies()
             sessions_before = postgres_sessions(controller)
             began = time.monotonic()
-            zoomies = load("zoomies", hook, items, concurrency)
+            zoomies = load("zoomies", hook, items, concurrency, args.seconds)
+            # Only what was sent is owed to the job list, and the floors get the same.
+            unsent = len(items) - zoomies.deliveries
+            if unsent:
+                del deliveries.sent_job_ids[-unsent:]
+                items = items[: zoomies.deliveries]
             own_load = own_cpu() - own_before
             drain = settle(cpu, idle)
             cpu_after = cpu.by_role()
@@ -339,16 +372,21 @@ def run(args, tmp: Path) -> int:
             floor_result = load("floor", floor.url, items, concurrency)
             floor_cpu = (floor.cpu() - floor_cpu_before) * 1000 / len(items)
             floor_own = (own_cpu() - floor_own_before) * 1000 / len(items)
-            results += [zoomies, floor_result]
+            django_cpu_before = django_floor.cpu()
+            django_result = load("django", django_floor.url, items, concurrency)
+            django_cpu = (django_floor.cpu() - django_cpu_before) * 1000 / len(items)
+            results += [zoomies, floor_result, django_result]
             own_per = own_load * 1000 / len(items)
             machine_per = machine_busy * 1000 / len(items)
             cpu_rows.append([concurrency, per["web"], per["workers"], per["controller"],
-                             own_per, machine_per, drain, floor_cpu, floor_own])  # fmt: skip
+                             own_per, machine_per, drain, floor_cpu, floor_own,
+                             django_cpu])  # fmt: skip
             print(
                 f"  c={concurrency}: zoomies {zoomies.rate:.0f}/s, floor "
-                f"{floor_result.rate:.0f}/s; controller quiet again {drain:.1f} s after"
+                f"{floor_result.rate:.0f}/s, django {django_result.rate:.0f}/s; controller "
+                f"quiet again {drain:.1f} s after"
             )
-            for r in (zoomies, floor_result):
+            for r in (zoomies, floor_result, django_result):
                 if r.errors:
                     print(f"    {r.target} errors: {r.errors}, first: {r.first_error}")
             flush()
@@ -360,19 +398,20 @@ def run(args, tmp: Path) -> int:
             [r.row() for r in results],
         ))  # fmt: skip
         print()
-        pairs = [(results[i], results[i + 1]) for i in range(0, len(results), 2)]
+        triples = [results[i : i + 3] for i in range(0, len(results), 3)]
         print(table(
             ["concurrency", "throughput zoomies/floor", "p50 zoomies/floor",
-             "zoomies ms/delivery (1/rate)"],
+             "throughput zoomies/django", "zoomies ms/delivery (1/rate)"],
             [[z.concurrency, z.rate / f.rate, pct(z.latencies, 50) / pct(f.latencies, 50),
-              1000 / z.rate] for z, f in pairs],
+              z.rate / d.rate, 1000 / z.rate] for z, f, d in triples],
         ))  # fmt: skip
         print()
         print("CPU ms per delivery (controller's idle rate subtracted; workers counted until")
         print("the controller is quiet again; 'client' is this process: httpx + the fake):")
         print(table(
             ["concurrency", "web (daphne+Django)", "workers (django-q2)", "controller",
-             "client", "whole machine", "quiet after s", "floor server", "floor client"],
+             "client", "whole machine", "quiet after s", "floor server", "floor client",
+             "django floor server"],
             cpu_rows,
         ))  # fmt: skip
         print()
@@ -392,6 +431,24 @@ def run(args, tmp: Path) -> int:
               f"queued jobs listed in all: {len(listed)})")  # fmt: skip
         print(f"load average after: {load_average()}")
         ok = recorded == len(sent) and twice == 0 and not any(r.errors for r in results)
+        if args.json:
+            args.json.write_text(json.dumps({
+                "database": "postgresql" if args.postgres else "sqlite",
+                "recorded": recorded, "sent": len(sent), "ok": ok,
+                "levels": [
+                    {
+                        "concurrency": z.concurrency, "deliveries": z.deliveries,
+                        **{f"{r.target}_{key}": value for r in (z, f, d) for key, value in (
+                            ("rate", r.rate), ("p50_ms", pct(r.latencies, 50) * 1000),
+                            ("p99_ms", pct(r.latencies, 99) * 1000), ("errors", r.errors))},
+                        "cpu_ms_per_delivery": dict(zip(
+                            ("web", "workers", "controller", "client", "machine"),
+                            row[1:6], strict=True)),
+                    }
+                    for (z, f, d), row in zip(triples, cpu_rows, strict=True)
+                ],
+                "load_after": load_average(),
+            }, indent=1))  # fmt: skip
         return 0 if ok else 1
     except BaseException:
         print(f"controller log (tail):\n{controller.log()}", file=sys.stderr)
@@ -399,8 +456,9 @@ def run(args, tmp: Path) -> int:
     finally:
         if cpu is not None:
             cpu.stop()
-        if floor is not None:
-            floor.stop()
+        for server in (floor, django_floor):
+            if server is not None:
+                server.stop()
         stop_controller(controller)
         fake.stop()
         drop_postgres(controller)

@@ -8,26 +8,35 @@ tests, with a chosen `now`.
 from __future__ import annotations
 
 import logging
-import math
-import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 
 from accounts import audit
+from fleet import protocol
+from fleet.errors import (
+    FleetError,
+    InvalidAgentToken,
+    InvalidJoinToken,
+    InvalidRequest,
+    TaskNotFound,
+    TaskNotInFlight,
+    TokenNotRenewable,
+)
 from fleet.models import AgentTask, Host, JoinToken
-from fleet.selectors import AGENT_TOKEN_PREFIX, JOIN_TOKEN_PREFIX, hash_secret
+from fleet.selectors import AGENT_TOKEN_PREFIX, JOIN_TOKEN_PREFIX, expected_runners, hash_secret
 from fleet.states import HostHealth, TaskKind, TaskState
-from fleet.taskqueue import blank_env
-from runners.actions import link_job_runner
-from runners.lifecycle import fail_runner
-from runners.models import Job, Runner
-from runners.states import LIVE_STATES, TERMINAL_STATES, JobStatus, RunnerState
-from runners.transitions import transition_runner
+from fleet.taskqueue import cancel_tasks, settle_in_flight
+from fleet.transitions import transition_host_health, transition_task
+from runners.actions import settle_abandoned_tasks
+from runners.actions import steps as runner_steps
+from runners.models import Runner
+from runners.states import LIVE_STATES, RunnerState
+from zoomies_site.core import registry
+from zoomies_site.events import emit
 
 log = logging.getLogger("zoomies.fleet")
 
@@ -38,34 +47,20 @@ REJOIN_JOB_FAILURE = "its runner's host joined again"
 DISK_FREE_TOLERANCE_FRACTION = 0.05
 DISK_FREE_TOLERANCE_FLOOR_MB = 256
 
-HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-MAX_USAGE_KEYS = 32
 
-
-class FleetError(Exception):
-    """A request the fleet refuses; `status` is the HTTP status the API answers with."""
-
-    status = 400
-
-
-class InvalidRequest(FleetError):
-    status = 400
-
-
-class InvalidJoinToken(FleetError):
-    status = 401
-
-
-class TaskNotFound(FleetError):
-    status = 404
-
-
-class TaskNotInFlight(FleetError):
-    status = 409
+__all__ = [
+    "FleetError",
+    "InvalidAgentToken",
+    "InvalidJoinToken",
+    "InvalidRequest",
+    "TaskNotFound",
+    "TaskNotInFlight",
+    "TokenNotRenewable",
+]
 
 
 def agent_actor(host: Host | str) -> str:
-    return f"agent:{host if isinstance(host, str) else host.name}"
+    return host.actor if isinstance(host, Host) else f"agent:{host}"
 
 
 # -- join tokens --------------------------------------------------------------------------
@@ -78,7 +73,7 @@ def create_join_token(
     if ttl <= timedelta(0):
         raise InvalidRequest("a join token's lifetime must be positive")
     secret = JOIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         token = JoinToken.objects.create(
             token_hash=hash_secret(secret),
             prefix=secret[:12],
@@ -99,72 +94,23 @@ def create_join_token(
 # -- facts --------------------------------------------------------------------------------
 
 
-def _number(value: Any, name: str, *, integer: bool = False) -> float | int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidRequest(f"{name} must be a number")
-    if value < 0:
-        raise InvalidRequest(f"{name} must not be negative")
-    return int(value) if integer else float(value)
+def read_facts(
+    body: protocol.JoinRequest | protocol.HeartbeatRequest | Mapping[str, Any],
+) -> tuple[dict, dict | None, str | None]:
+    """A join or heartbeat body as the protocol reads it: (the facts present, the usage
+    sample or None, why a usage sample was dropped). A body given as a plain mapping is
+    read here; a bad one is InvalidRequest naming the field.
 
-
-def _string(value: Any, name: str, max_length: int) -> str:
-    if not isinstance(value, str) or len(value) > max_length:
-        raise InvalidRequest(f"{name} must be a string of at most {max_length} characters")
-    return value
-
-
-def clean_facts(facts: dict) -> dict:
-    """What a join or heartbeat says about the host, checked; absent or null facts are left out.
-
-    Usage is not here: a bad measurement is dropped on its own (`clean_usage`), it does not
-    make the heartbeat fail.
+    Usage is apart: a bad measurement is dropped on its own (HOST-11), it does not make the
+    heartbeat fail.
     """
-    if not isinstance(facts, dict):
-        raise InvalidRequest("the body must be a JSON object")
-    out: dict = {}
-    if facts.get("capacity") is not None:
-        out["capacity"] = _number(facts["capacity"], "capacity", integer=True)
-    if facts.get("backends") is not None:
-        backends = facts["backends"]
-        if not isinstance(backends, list) or len(backends) > 16:
-            raise InvalidRequest("backends must be a list of names")
-        out["backends"] = [_string(b, "a backend", 32) for b in backends]
-    if facts.get("platform") is not None:
-        out["platform"] = _string(facts["platform"], "platform", 32)
-    if facts.get("cpus") is not None:
-        out["cpus"] = _number(facts["cpus"], "cpus")
-    if facts.get("memory_mb") is not None:
-        out["memory_mb"] = _number(facts["memory_mb"], "memory_mb", integer=True)
-    if facts.get("labels") is not None:
-        labels = facts["labels"]
-        if not isinstance(labels, dict) or len(labels) > 64:
-            raise InvalidRequest("labels must be an object of at most 64 names")
-        for key, value in labels.items():
-            _string(key, "a label name", 64)
-            if not isinstance(value, str | int | float | bool):
-                raise InvalidRequest(f"label {key} must be a string, number or boolean")
-        out["labels"] = labels
-    if facts.get("version") is not None:
-        out["version"] = _string(facts["version"], "version", 64)
-    for name in ("disk_total_mb", "disk_free_mb"):
-        if facts.get(name) is not None:
-            out[name] = _number(facts[name], name, integer=True)
-    return out
-
-
-def clean_usage(usage: Any) -> dict | None:
-    """HOST-11: usage is an object of non-negative finite numbers; None if it is not."""
-    if not isinstance(usage, dict) or not usage or len(usage) > MAX_USAGE_KEYS:
-        return None
-    cleaned = {}
-    for key, value in usage.items():
-        if not isinstance(key, str) or len(key) > 64:
-            return None
+    if isinstance(body, Mapping):
         try:
-            cleaned[key] = _number(value, key)
-        except InvalidRequest:
-            return None
-    return cleaned
+            body = protocol.HeartbeatRequest.from_json(body)
+        except protocol.ProtocolError as exc:
+            raise InvalidRequest(str(exc)) from None
+    usage = None if body.usage is None else dict(body.usage)
+    return body.facts.to_json(), usage, body.usage_problem
 
 
 def disk_free_moved(old: int | None, new: int) -> bool:
@@ -192,33 +138,67 @@ def _disk_fields(current: Host | None, facts: dict) -> dict:
     return fields
 
 
-PLAIN_FACTS = ("capacity", "backends", "platform", "cpus", "memory_mb", "labels", "version")
+PLAIN_FACTS = (
+    "capacity", "backends", "platform", "cpus", "memory_mb", "labels", "version", "backend_limits",
+)  # fmt: skip
 
 
 # -- join ---------------------------------------------------------------------------------
 
 
-def join_host(*, join_token: str, name: str, facts: dict, now: datetime) -> tuple[Host, str]:
+# A claim code is redeemed by the capacity layer, which sits above fleet (it reads hosts and
+# writes spawn records that point at them): it registers its redeemer here at startup rather
+# than fleet importing upward. The redeemer raises InvalidJoinToken (or a subclass) to refuse.
+_claim_redeemer: Callable[..., object] | None = None
+
+
+def set_claim_redeemer(redeemer: Callable[..., object] | None) -> None:
+    global _claim_redeemer
+    _claim_redeemer = redeemer
+
+
+def claimed_token_ttl() -> timedelta:
+    """ESC-06: how long a credential minted from a claim code, or renewed, stays valid (the
+    peer's agentTokenTtlSeconds), read live."""
+    ttl: timedelta = registry.get("capacity_demand.agent_token_ttl")
+    return ttl
+
+
+def join_host(
+    *,
+    join_token: str | None,
+    name: str,
+    facts: protocol.JoinRequest | Mapping[str, Any],
+    now: datetime,
+    claim_code: str | None = None,
+) -> tuple[Host, str]:
     """Exchange a join token for the host's own agent token (AUTH-08, HOST-06).
 
     The token is spent by a compare-and-set, so two joins racing with one token cannot both
     succeed. A host joining again under its name keeps its id and gets a new agent token (the
     old one stops working); every live runner recorded against it is failed.
+
+    With a claim code instead, the token minted expires after `claimed_token_ttl()` unless
+    the agent renews it (ESC-06, `renew_agent_token`); `host.agent_token_expires_at` says when.
     """
-    if not isinstance(join_token, str) or not join_token:
+    by_claim = bool(claim_code) and not join_token
+    if not by_claim and (not isinstance(join_token, str) or not join_token):
         raise InvalidJoinToken("a join token is required")
-    if not isinstance(name, str) or not HOST_NAME.match(name):
+    if not isinstance(name, str) or not protocol.HOST_NAME.match(name):
         raise InvalidRequest(
             "name must be 1-64 letters, digits, dots, dashes or underscores, "
             "starting with a letter or digit"
         )
-    cleaned = clean_facts(facts)
-    usage = clean_usage(facts.get("usage"))
+    cleaned, usage, _dropped = read_facts(facts)
     secret = AGENT_TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token_hash = hash_secret(join_token)
     actor = agent_actor(name)
-    with transaction.atomic():
-        spent = JoinToken.objects.filter(
+    if by_claim:
+        if _claim_redeemer is None:
+            raise InvalidJoinToken("this controller accepts no claim codes")
+        _claim_redeemer(claim_code=claim_code, name=name, now=now)  # spends it, or refuses
+    token_hash = hash_secret(join_token) if join_token else ""
+    with transaction.atomic(durable=True):
+        spent = by_claim or JoinToken.objects.filter(
             token_hash=token_hash, used_at__isnull=True, expires_at__gt=now
         ).update(used_at=now)
         if not spent:
@@ -229,8 +209,11 @@ def join_host(*, join_token: str, name: str, facts: dict, now: datetime) -> tupl
             **_disk_fields(host, cleaned),
             "agent_token_hash": hash_secret(secret),
             "agent_token_prefix": secret[:12],
+            "agent_token_expires_at": now + claimed_token_ttl() if by_claim else None,
+            # A join replaces every credential the host had, a renewed-away one included.
+            "previous_agent_token_hash": "",
+            "previous_agent_token_expires_at": None,
             "joined_at": now,
-            "health": HostHealth.HEALTHY,
         }
         if usage is not None:
             fields.update(usage=usage, usage_at=now)
@@ -238,15 +221,17 @@ def join_host(*, join_token: str, name: str, facts: dict, now: datetime) -> tupl
         if host is None:
             try:
                 with transaction.atomic():
+                    # A new host starts healthy (the field's default).
                     host = Host.objects.create(name=name, health_changed_at=now, **fields)
             except IntegrityError:
                 # Another join created this name a moment ago: this one is a rejoin.
                 host = Host.objects.select_for_update().get(name=name)
                 rejoined = True
         if rejoined:
-            if host.health != HostHealth.HEALTHY:
-                fields["health_changed_at"] = now
             Host.objects.filter(pk=host.pk).update(**fields)
+            transition_host_health(
+                host.pk, HostHealth.HEALTHY, now=now, actor=actor, reason="the host joined again"
+            )
             host.refresh_from_db()
         JoinToken.objects.filter(token_hash=token_hash).update(host=host)
         audit.record(
@@ -256,116 +241,200 @@ def join_host(*, join_token: str, name: str, facts: dict, now: datetime) -> tupl
             detail={"token_prefix": host.agent_token_prefix, "facts": cleaned},
             at=now,
         )
+        emit("host.rejoined" if rejoined else "host.joined", host, at=now)
         if rejoined:
             _drop_runners(host, now=now, actor=actor)
     return host, secret
 
 
+def renew_agent_token(*, host: Host, presented: str, now: datetime) -> tuple[str, datetime]:
+    """ESC-06: a short-lived agent token (one minted from a claim code) for the next one;
+    the new secret (returned once, stored as sha256) and when it expires.
+
+    The agent asks over its own authenticated request, with a token still valid: one that
+    has expired cannot be renewed, and the machine needs a new claim. The token presented
+    stays valid until its own expiry, never longer, and any other one the host held is
+    dropped: a request already sent with the old token is not refused, and a renewal whose
+    answer was lost can be asked again with it. Audited, naming the prefixes only.
+    """
+    presented_hash = hash_secret(presented)
+    secret = AGENT_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    with transaction.atomic(durable=True):
+        current = Host.objects.select_for_update().get(pk=host.pk)
+        if current.agent_token_expires_at is None:
+            raise TokenNotRenewable("this host's agent token does not expire; nothing to renew")
+        if presented_hash == current.agent_token_hash:
+            kept_until = current.agent_token_expires_at
+        elif presented_hash == current.previous_agent_token_hash:
+            kept_until = current.previous_agent_token_expires_at
+        else:  # the host joined again since the request was authenticated
+            raise InvalidAgentToken("the agent token is no longer this host's")
+        if kept_until is None or kept_until <= now:
+            raise InvalidAgentToken("the agent token has expired; the machine needs a new claim")
+        expires = now + claimed_token_ttl()
+        Host.objects.filter(pk=current.pk).update(
+            agent_token_hash=hash_secret(secret),
+            agent_token_prefix=secret[:12],
+            agent_token_expires_at=expires,
+            previous_agent_token_hash=presented_hash,
+            previous_agent_token_expires_at=kept_until,
+        )
+        audit.record(
+            actor=current.actor,
+            action="host.token.renew",
+            target=current,
+            detail={
+                "token_prefix": secret[:12],
+                "renewed_prefix": presented[:12],
+                "expires_at": expires.isoformat(),
+                "renewed_expires_at": kept_until.isoformat(),
+            },
+            at=now,
+        )
+    return secret, expires
+
+
 def _drop_runners(host: Host, *, now: datetime, actor: str) -> list[str]:
     """HOST-06: the old registration's runners and the creates and stops queued for them go."""
     # Removes stay queued: a workload the old registration left behind should still go.
-    AgentTask.objects.filter(
-        host=host,
-        kind__in=[TaskKind.CREATE_RUNNER, TaskKind.STOP_RUNNER],
-        state__in=[TaskState.PENDING, TaskState.IN_FLIGHT],
-    ).update(state=TaskState.CANCELLED, finished_at=now, error="the host joined again")
-    blank_env(host=host)
-    return fail_live_runners(
+    cancel_tasks(
+        AgentTask.objects.filter(
+            host=host, kind__in=[TaskKind.CREATE_RUNNER, TaskKind.STOP_RUNNER]
+        ),
+        now=now,
+        actor=actor,
+        reason="the host joined again",
+    )
+    return runner_steps.fail_live_runners(
         host, now=now, actor=actor, message=REJOIN_MESSAGE, job_failure=REJOIN_JOB_FAILURE
     )
-
-
-def fail_live_runners(
-    host: Host, *, now: datetime, actor: str, message: str, job_failure: str
-) -> list[str]:
-    """Fail every runner still live on `host`; a job one was running is the fleet's failure."""
-    failed: list[Runner] = []
-    for runner in Runner.objects.filter(host=host, state__in=list(LIVE_STATES)).order_by("pk"):
-        if fail_runner(runner, now=now, actor=actor, message=message).changed:
-            failed.append(runner)
-    mark_jobs_fleet_failure(failed, reason=job_failure, now=now, actor=actor)
-    return [f"runner {r.name} failed: {message}" for r in failed]
-
-
-def mark_jobs_fleet_failure(
-    runners: Iterable[Runner], *, reason: str, now: datetime, actor: str
-) -> int:
-    """HOST-04: a job still running on one of `runners` is marked as the fleet's failure."""
-    runners = list(runners)
-    if not runners:
-        return 0
-    jobs = list(
-        Job.objects.filter(
-            Q(runner__in=runners) | Q(runner_name__in=[r.name for r in runners]),
-            fleet_failure="",
-        ).exclude(status=JobStatus.COMPLETED)
-    )
-    for job in jobs:
-        if Job.objects.filter(pk=job.pk, fleet_failure="").update(
-            fleet_failure=reason, updated_at=now
-        ):
-            audit.record(
-                actor=actor,
-                action="job.fleet_failure",
-                target=job,
-                detail={"reason": reason, "runner": job.runner_name or job.runner_id},
-                at=now,
-            )
-    return len(jobs)
 
 
 # -- heartbeat ----------------------------------------------------------------------------
 
 
+def agent_tunables() -> protocol.AgentTunables:
+    """The agent's timings from the settings: every join and heartbeat answer carries them,
+    so an agent never needs a copy of the controller's configuration."""
+
+    def seconds(key: str) -> float:
+        return registry.get(key).total_seconds()
+
+    return protocol.AgentTunables(
+        heartbeat_interval=seconds("agent.heartbeat_interval"),
+        long_poll_wait=seconds("agent.long_poll_wait"),
+        orphan_grace=seconds("agent.orphan_grace"),
+        missing_grace=seconds("agent.missing_grace"),
+        shutdown_grace=seconds("agent.shutdown_grace"),
+        finished_retention=seconds("agent.finished_retention"),
+    )
+
+
 def heartbeat_answer(host: Host) -> dict:
-    from zoomies_site import registry
-
-    interval = registry.get("agent.heartbeat_interval")
-    return {"heartbeat_interval": int(interval.total_seconds()), "cordoned": host.cordoned}
+    return heartbeat_answer_for(host.cordoned)
 
 
-def record_heartbeat(*, host: Host, facts: dict, now: datetime) -> dict:
+def heartbeat_answer_for(cordoned: bool) -> dict:
+    return protocol.HeartbeatAnswer(cordoned=cordoned, tunables=agent_tunables()).to_json()
+
+
+# A heartbeat that reports nothing new this soon after the recorded one writes nothing (not
+# even its usage sample). The window is this fraction of the interval, or of the slack
+# between the interval and agent.heartbeat_timeout if that is smaller (validation only warns
+# about an interval above half the timeout, HOST-02): a host heartbeating on time then never
+# looks silent for longer than interval + window, short of the timeout (fleet/health.py).
+HEARTBEAT_COALESCE_FRACTION = 1 / 3
+
+
+def heartbeat_coalesce_window() -> timedelta:
+    interval: timedelta = registry.get("agent.heartbeat_interval")
+    slack = registry.get("agent.heartbeat_timeout") - interval
+    return max(min(interval, slack), timedelta(0)) * HEARTBEAT_COALESCE_FRACTION
+
+
+def _coalesced_cordon(host: Host, now: datetime) -> bool | None:
+    """If a heartbeat at `now` from this host need not be written (it is healthy and its
+    recorded mark is fresh), whether it is cordoned; else None. Confirmed by a read (no
+    write lock), as `host` may be stale."""
+    last = host.last_heartbeat_at
+    if last is None or last > now:
+        return None
+    window = heartbeat_coalesce_window()
+    if now - last >= window:
+        return None
+    return (
+        Host.objects.filter(
+            pk=host.pk,
+            health=HostHealth.HEALTHY,
+            last_heartbeat_at__gt=now - window,
+            last_heartbeat_at__lte=now,
+        )
+        .values_list("cordoned", flat=True)
+        .first()
+    )
+
+
+def _fact_changes(current: Host, facts: dict) -> dict:
+    """The reported facts that differ from the row's (disk figures within their tolerance)."""
+    fields = {k: facts[k] for k in PLAIN_FACTS if k in facts and getattr(current, k) != facts[k]}
+    fields.update(_disk_fields(current, facts))
+    return fields
+
+
+def record_heartbeat(
+    *, host: Host, facts: protocol.HeartbeatRequest | Mapping[str, Any], now: datetime
+) -> dict:
     """Record a heartbeat and what it reports; answer the interval to sleep (HOST-01).
 
-    A host that was unhealthy or lost is healthy again. Free disk is rewritten only when it
+    A host that was unhealthy or lost is healthy again. Only what changed is written, and a
+    heartbeat that changes nothing soon after the last one writes nothing (see
+    HEARTBEAT_COALESCE_FRACTION). Free disk is rewritten only when it
     moved enough (HOST-09); without a disk size the disk figures stay (HOST-10). A usage
     sample that is not an object of non-negative numbers is dropped, not the heartbeat
     (HOST-11): a bad measurement must not make a host look dead.
     """
-    cleaned = clean_facts(facts)
-    raw_usage = facts.get("usage")
-    usage = clean_usage(raw_usage)
-    if raw_usage is not None and usage is None:
-        log.warning("host %s: dropped an invalid usage sample %.200r", host.name, raw_usage)
-    with transaction.atomic():
+    cleaned, usage, dropped = read_facts(facts)
+    if dropped is not None:
+        log.warning("host %s: dropped an invalid usage sample: %s", host.name, dropped)
+    # The cheap path, from the row as the agent's token was checked against (fleet.api reads
+    # it for every request): a healthy host reporting no new fact needs one UPDATE, or none.
+    if host.health == HostHealth.HEALTHY and not _fact_changes(host, cleaned):
+        cordoned = _coalesced_cordon(host, now)
+        if cordoned is None:
+            fields: dict = {"last_heartbeat_at": now}
+            if usage is not None:
+                fields.update(usage=usage, usage_at=now)
+            # Guarded on the health: if housekeeping judged the host since the read, the
+            # full path below makes it healthy again with its transition row.
+            if Host.objects.filter(pk=host.pk, health=HostHealth.HEALTHY).update(**fields):
+                cordoned = Host.objects.values_list("cordoned", flat=True).get(pk=host.pk)
+        if cordoned is not None:
+            return heartbeat_answer_for(cordoned)
+    with transaction.atomic(durable=True):
         current = Host.objects.select_for_update().get(pk=host.pk)
-        fields: dict = {"last_heartbeat_at": now}
-        for key in PLAIN_FACTS:
-            if key in cleaned and getattr(current, key) != cleaned[key]:
-                fields[key] = cleaned[key]
-        fields.update(_disk_fields(current, cleaned))
+        fields = {"last_heartbeat_at": now, **_fact_changes(current, cleaned)}
         if usage is not None:
             fields.update(usage=usage, usage_at=now)
-        recovered = current.health != HostHealth.HEALTHY
-        if recovered:
-            fields.update(health=HostHealth.HEALTHY, health_changed_at=now)
-        Host.objects.filter(pk=current.pk, health=current.health).update(**fields)
-        if recovered:
-            audit.record(
-                actor=agent_actor(current),
-                action="host.healthy",
-                target=current,
-                detail={"from": current.health, "reason": "heartbeat received"},
-                at=now,
+        # The heartbeat mark first: a silence judgement guarded on the old mark now fails.
+        Host.objects.filter(pk=current.pk).update(**fields)
+        if current.health != HostHealth.HEALTHY:
+            transition_host_health(
+                current.pk,
+                HostHealth.HEALTHY,
+                now=now,
+                actor=current.actor,
+                reason="heartbeat received",
             )
-        for key, value in fields.items():
-            setattr(current, key, value)
+            if current.health == HostHealth.LOST:
+                # Issue 11 item 4: back from lost, its busy workloads are not killed.
+                runner_steps.spare_busy_workloads(current, now=now, actor=current.actor)
+        current.refresh_from_db()
     return heartbeat_answer(current)
 
 
 def set_host_cordon(*, host: Host, cordoned: bool, now: datetime, actor: str) -> bool:
     """Cordon or uncordon a host: a cordoned host gets no new runners. True if it changed."""
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         moved = Host.objects.filter(pk=host.pk, cordoned=not cordoned).update(cordoned=cordoned)
         if moved:
             audit.record(
@@ -374,7 +443,28 @@ def set_host_cordon(*, host: Host, cordoned: bool, now: datetime, actor: str) ->
                 target=host,
                 at=now,
             )
+            emit("host.cordoned" if cordoned else "host.uncordoned", host, at=now)
     return bool(moved)
+
+
+def drain_host(*, host: Host, now: datetime, actor: str) -> list[str]:
+    """Cordon a host and drain every live runner on it (a busy one keeps the drain grace).
+
+    Returns the names of the runners this call moved to draining.
+    """
+    drained = []
+    with transaction.atomic(durable=True):
+        if Host.objects.filter(pk=host.pk, cordoned=False).update(cordoned=True):
+            emit("host.cordoned", host, at=now)
+        audit.record(actor=actor, action="host.drain", target=host, at=now)
+        live = Runner.objects.filter(host=host, state__in=list(LIVE_STATES)).exclude(
+            state=RunnerState.DRAINING
+        )
+        for runner in live:
+            result = runner_steps.drain(runner, now=now, actor=actor, reason="its host is drained")
+            if result.changed:
+                drained.append(runner.name)
+    return drained
 
 
 # -- task results -------------------------------------------------------------------------
@@ -391,213 +481,97 @@ def record_task_result(
     actor: str | None = None,
 ) -> AgentTask:
     """Close an in-flight task with the agent's answer (or the controller's, `actor`, for a
-    task it could not deliver).
+    task it could not deliver), and let the runners side act on a failure, in one
+    transaction.
 
     TASK-14: another host's task is not found. A task not in flight, or in flight under a
     later attempt than the one answered, is a conflict (its lease ended and it was offered
-    again, or it was cancelled). RUN-14: a failed create fails the runner with the agent's
-    reason. TASK-05: a failed stop fails the runner too (which asks the host for a remove and
-    frees the slot); a failed remove is issued again by housekeeping until the host confirms
-    one (TASK-08, `fleet.taskqueue.reissue_owed_removes`).
+    again, or it was cancelled). What a failed create or stop means for its runner is
+    `runners.actions.steps.runner_task_failed` (RUN-14, TASK-05); a failed remove is issued
+    again by housekeeping until the host confirms one (TASK-08).
     """
     actor = actor or agent_actor(host)
     error = (error or "").strip()
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         task = AgentTask.objects.filter(pk=task_id, host=host).select_related("runner").first()
         if task is None:
             raise TaskNotFound(f"task {task_id} is not a task of this host")
-        in_flight = AgentTask.objects.filter(pk=task.pk, state=TaskState.IN_FLIGHT)
-        if attempt is not None:
-            in_flight = in_flight.filter(attempt=attempt)
         new_state = TaskState.DONE if ok else TaskState.FAILED
-        if not in_flight.update(
-            state=new_state, finished_at=now, lease_deadline=None, error="" if ok else error
+        if task.state != TaskState.IN_FLIGHT:
+            raise TaskNotInFlight(f"task {task_id} is {task.state}, not in flight")
+        if not transition_task(
+            task.pk,
+            new_state,
+            now=now,
+            actor=actor,
+            reason=error,
+            attempt=attempt,
+            fields={"error": "" if ok else error},
         ):
+            task.refresh_from_db()
             if task.state != TaskState.IN_FLIGHT:
                 raise TaskNotInFlight(f"task {task_id} is {task.state}, not in flight")
             raise TaskNotInFlight(
                 f"task {task_id} is in flight as attempt {task.attempt}, not {attempt}"
             )
-        blank_env(pk=task.pk)  # the runner credential is spent (or never will be)
-        audit.record(
-            actor=actor,
-            action=f"task.{new_state}",
-            target=task,
-            detail={"kind": task.kind, "attempt": task.attempt, "error": error},
-            at=now,
-        )
-        if not ok and task.kind == TaskKind.CREATE_RUNNER and task.runner is not None:
-            fail_runner(
-                task.runner,
-                now=now,
-                actor=actor,
-                message=error or "the agent could not start the runner",
-            )
-        elif not ok and task.kind == TaskKind.STOP_RUNNER and task.runner is not None:
-            # Nothing else would end a runner its host could not stop (TASK-05).
-            fail_runner(
-                task.runner,
-                now=now,
-                actor=actor,
-                message=(
-                    f"the host could not stop the runner: {error}"
-                    if error
-                    else "the host could not stop the runner"
-                ),
-                expected_from=LIVE_STATES,
-            )
+        if not ok:
+            runner_steps.runner_task_failed(task, error=error, now=now, actor=actor)
         task.refresh_from_db()
     return task
 
 
-# -- runner reports -----------------------------------------------------------------------
-
-REPORTED_STATES = {
-    "registering": RunnerState.REGISTERING,
-    "removed": RunnerState.REMOVED,
-    "failed": RunnerState.FAILED,
-}
+# -- a restarted agent's inventory (issue 11 items 3 and 5) -------------------------------
 
 
-def clean_reports(reports: Any) -> list[dict]:
-    """The shape of a reports body; a malformed one is a 400, an unknown state a refusal."""
-    if not isinstance(reports, list):
-        raise InvalidRequest("reports must be a list")
-    for report in reports:
-        if not isinstance(report, dict):
-            raise InvalidRequest("each report must be an object")
-        runner_id = report.get("runner_id")
-        if isinstance(runner_id, bool) or not isinstance(runner_id, int):
-            raise InvalidRequest("each report needs an integer runner_id")
-        for key in ("state", "phase", "message"):
-            if report.get(key) is not None and not isinstance(report[key], str):
-                raise InvalidRequest(f"a report's {key} must be a string or null")
-        code = report.get("exit_code")
-        if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
-            raise InvalidRequest("a report's exit_code must be an integer or null")
-    return reports
+def record_inventory(
+    *, host: Host, inventory: protocol.InventoryRequest, now: datetime
+) -> protocol.InventoryAnswer:
+    """Settle what the host had in flight from its restarted agent's inventory, and answer
+    the runners the host should hold.
 
-
-def apply_reports(*, host: Host, reports: list[dict], now: datetime) -> tuple[list[int], list[int]]:
-    """Apply an agent's runner reports; returns (accepted, refused) runner ids.
-
-    RUN-18: a report about a runner that is not on this host is refused. RUN-15: the agent
-    asserts `registering`, then only phases, then `removed` or `failed`. RUN-16: a running
-    phase makes a registering runner idle, never busy (only GitHub makes a runner busy). A
-    report about a runner already ended is accepted and changes nothing but its phase and
-    exit code, so the agent may clean up (AGENT-18).
+    The agent sends it before its first task poll, so every task in flight to the host was
+    taken by its dead predecessor: each is settled now (`taskqueue.settle_in_flight`), not
+    when its lease ends, 20 minutes on for a create. A create whose runner ended meanwhile is
+    cancelled. The answer (`selectors.expected_runners`) lets the agent report what is
+    missing: a runner whose workload is not on the host is failed by the agent's own missing
+    report (RUN-15, AGENT-17) as soon as the workload is a minute old, so a provisioning
+    runner whose create was answered but never came up does not wait out the provision
+    timeout.
     """
-    accepted: list[int] = []
-    refused: list[int] = []
-    ended = False
     actor = agent_actor(host)
-    for report in clean_reports(reports):
-        runner_id = report["runner_id"]
-        state = report.get("state")
-        if state is not None and state not in REPORTED_STATES:
-            refused.append(runner_id)
-            continue
-        with transaction.atomic():
-            # Locked for the whole report, so a GitHub signal cannot slip in between the
-            # read of `registering` and the move to idle (it would make busy -> idle).
-            runner = Runner.objects.select_for_update().filter(pk=runner_id).first()
-            if runner is None or runner.host_id != host.pk:
-                refused.append(runner_id)
-                continue
-            _apply_report(runner, report, now=now, actor=actor)
-        accepted.append(runner_id)
-        if state in ("removed", "failed"):
-            ended = True
-    if ended:
-        # A slot came free: the next pass should not wait for the ticker.
-        from runners.wake import wake_reconcile
-
-        wake_reconcile()
-    return accepted, refused
-
-
-def _catch_up_started_job(runner: Runner, *, now: datetime, actor: str) -> None:
-    """RUN-16, HOOK-05: GitHub's in_progress can arrive while the runner is still
-    provisioning, where busy is off the allow-list and the move was dropped; the job row kept
-    it. Once the runner is registering or idle, that stored GitHub signal makes it busy
-    (registering->busy and idle->busy are drawn edges), so a running job is never left on a
-    runner the scheduler thinks is idle."""
-    job = (
-        Job.objects.filter(
-            Q(runner_name=runner.name) | Q(runner=runner), status=JobStatus.IN_PROGRESS
+    with transaction.atomic(durable=True):
+        # Polls this host's dead agent left open may still be waiting in a web process: from
+        # now they take nothing (`taskqueue.take_tasks`), or a task settled here would go to
+        # a closed connection and wait out its lease after all.
+        Host.objects.filter(pk=host.pk).update(agent_started_at=now)
+        ended = AgentTask.objects.filter(
+            host=host, kind=TaskKind.CREATE_RUNNER, state=TaskState.IN_FLIGHT, taken_at__lt=now
+        ).exclude(runner__state__in=list(LIVE_STATES))
+        cancelled = cancel_tasks(
+            ended, now=now, actor=actor, reason="its runner ended while its agent was down"
         )
-        .order_by("pk")
-        .first()
+        result = settle_in_flight(
+            host.pk,
+            present=set(inventory.runners),
+            complete=inventory.complete,
+            now=now,
+            actor=actor,
+        )
+        settled = len(cancelled) + len(result.lines)
+        audit.record(
+            actor=actor,
+            action="host.inventory",
+            target=host,
+            detail={
+                "runners": len(inventory.runners),
+                "complete": inventory.complete,
+                "settled": settled,
+            },
+            at=now,
+        )
+    # Outside: each abandoned stop fails its runner in a transaction of its own (TASK-05).
+    # An abandoned create's runner is in the answer instead: the agent reports it missing.
+    settle_abandoned_tasks(
+        [t for t in result.abandoned if t.kind != TaskKind.CREATE_RUNNER], now=now
     )
-    if job is None:
-        return
-    if link_job_runner(job, now=now, actor=actor) is None and job.runner_id == runner.pk:
-        # Linked by id but unnamed: link_job_runner finds runners by name only.
-        transition_runner(
-            runner.pk, RunnerState.BUSY, now=now, actor=actor, reason=f"job {job.github_id} started"
-        )
-
-
-def _apply_report(runner: Runner, report: dict, *, now: datetime, actor: str) -> None:
-    state = report.get("state")
-    phase = report.get("phase")
-    exit_code = report.get("exit_code")
-    message = (report.get("message") or "").strip()
-    live = runner.state not in TERMINAL_STATES
-    # Whether this report moved the runner to where GitHub's in_progress can land (below).
-    came_online = False
-    # `registering` moves only a row still provisioning: one drained meanwhile stays draining.
-    if runner.state == RunnerState.PROVISIONING and state == "registering":
-        came_online = transition_runner(
-            runner.pk,
-            RunnerState.REGISTERING,
-            now=now,
-            actor=actor,
-            reason="the agent started the workload",
-        ).changed
-    elif live and state == "removed":
-        transition_runner(
-            runner.pk, RunnerState.REMOVED, now=now, actor=actor, reason="the workload exited"
-        )
-    elif live and state == "failed":
-        if not message:
-            message = (
-                f"the runner exited with code {exit_code}"
-                if exit_code is not None
-                else "the agent reported the runner failed"
-            )
-        transition_runner(
-            runner.pk,
-            RunnerState.FAILED,
-            now=now,
-            actor=actor,
-            reason="the workload failed",
-            message=message,
-        )
-    if live and phase == "running":
-        current = Runner.objects.filter(pk=runner.pk).values_list("state", flat=True).first()
-        if current == RunnerState.REGISTERING:
-            came_online |= transition_runner(
-                runner.pk,
-                RunnerState.IDLE,
-                now=now,
-                actor=actor,
-                reason="the runner process is running",
-            ).changed
-    if came_online:
-        _catch_up_started_job(runner, now=now, actor=actor)
-    extra: dict = {}
-    if phase is not None:
-        extra["phase"] = phase[:32]
-    if exit_code is not None:
-        extra["exit_code"] = exit_code
-    if extra:
-        Runner.objects.filter(pk=runner.pk).update(**extra)
-    if state in ("removed", "failed"):
-        # The workload is gone: a create or stop still queued for it has nothing to act on.
-        AgentTask.objects.filter(
-            runner=runner,
-            kind__in=[TaskKind.CREATE_RUNNER, TaskKind.STOP_RUNNER],
-            state=TaskState.PENDING,
-        ).update(state=TaskState.CANCELLED, finished_at=now, error=f"the runner was {state}")
-        blank_env(runner=runner)
+    return protocol.InventoryAnswer(settled=settled, runners=tuple(expected_runners(host, now)))

@@ -1,7 +1,7 @@
 """The fleet in the Django admin: configuration editable, lifecycle fields read-only.
 
 Health, task states, attempts, leases and token hashes change only through fleet.actions
-and the task queue (STYLE point 1), so the admin shows them and never saves them.
+and the task queue, which audit each change, so the admin shows them and never saves them.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.models import AgentTask, Host, JoinToken, Machine
+from zoomies_site.events import AdminEvents
 
 
 @admin.register(Host)
-class HostAdmin(admin.ModelAdmin):
+class HostAdmin(AdminEvents, admin.ModelAdmin):
     list_display = (
         "name",
         "health",

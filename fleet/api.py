@@ -3,7 +3,7 @@
 Thin views: parse, authenticate the agent by the sha256 of its bearer token, call one
 action, answer JSON. Errors have one shape, `{"error": "<sentence>"}`. The task long-poll
 is an async view that touches the ORM only through short `sync_to_async` calls, each of
-which gives its connection back before the wait (DESIGN.md pitfalls).
+which gives its connection back before the wait, so a waiting poll holds no connection.
 
 Those calls are not thread-sensitive: under ASGI every thread-sensitive call (each sync
 view, the admin, the API) queues on one shared thread, and a fleet of polling agents would
@@ -13,34 +13,37 @@ connection on the pool thread it lands on and closes it before returning.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from collections.abc import Callable
+from datetime import datetime
 from functools import wraps
 
 from asgiref.sync import sync_to_async
-from django.db import connections
+from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError, connections
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from accounts.sealing import SealError
-from fleet import actions, wakeups
+from fleet import actions, logs, protocol, wakeups
 from fleet.models import AgentTask, Host
 from fleet.selectors import host_for_agent_token
 from fleet.taskqueue import take_tasks, wire_payload
+from runners.actions import apply_agent_reports
+from zoomies_site.core import registry
 
 log = logging.getLogger("zoomies.fleet")
 
-MAX_BODY_BYTES = 1024 * 1024  # a report batch for a few hundred runners fits many times over
-MAX_WAIT_SECONDS = 30.0  # the protocol's cap on `wait`
+MAX_BODY_BYTES = protocol.MAX_BODY_BYTES
 TASKS_PER_POLL = 10
+# What an agent is told to wait before trying again when the database is busy (a 503).
+BUSY_RETRY_AFTER_SECONDS = 5
 
 
-def error(message: str, status: int, **headers: str) -> JsonResponse:
-    response = JsonResponse({"error": message}, status=status)
+def error(message: str, status: int, *, field: str | None = None, **headers: str) -> JsonResponse:
+    response = JsonResponse(protocol.ErrorAnswer(message, field).to_json(), status=status)
     for key, value in headers.items():
         response[key] = value
     return response
@@ -48,6 +51,26 @@ def error(message: str, status: int, **headers: str) -> JsonResponse:
 
 def unauthorized(message: str = "a valid agent token is required") -> JsonResponse:
     return error(message, 401, **{"WWW-Authenticate": "Bearer"})
+
+
+def database_unavailable(exc: Exception) -> bool:
+    """True for a database that is busy or gone for now (worth the agent's retry): SQLite's
+    write lock held past its busy timeout, or a connection the server dropped."""
+    if isinstance(exc, InterfaceError):
+        return True
+    message = str(exc).lower()
+    if "database is locked" in message or "database is busy" in message:
+        return True
+    return any(not conn.is_usable() for conn in connections.all(initialized_only=True)
+               if conn.connection is not None)  # fmt: skip
+
+
+def busy() -> JsonResponse:
+    return error(
+        "the database is busy; nothing was recorded, try again",
+        503,
+        **{"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)},
+    )
 
 
 class BadRequest(Exception):
@@ -65,23 +88,27 @@ def bearer_token(request: HttpRequest) -> str | None:
 
 
 def read_json(request: HttpRequest) -> dict:
+    """The body as a JSON object, through the protocol's loader (no NaN, no 10,000-deep
+    nesting, no RecursionError); ProtocolError for anything else."""
+    too_large = f"the body is larger than {MAX_BODY_BYTES} bytes"
     length = request.META.get("CONTENT_LENGTH") or "0"
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise BadRequest(f"the body is larger than {MAX_BODY_BYTES} bytes", 413)
-    body = request.body
-    if len(body) > MAX_BODY_BYTES:
-        raise BadRequest(f"the body is larger than {MAX_BODY_BYTES} bytes", 413)
+        raise BadRequest(too_large, 413)
     try:
-        data = json.loads(body or b"{}")
-    except (UnicodeDecodeError, ValueError):
-        raise BadRequest("the body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object")
-    return data
+        body = request.body
+    except RequestDataTooBig:
+        raise BadRequest(too_large, 413) from None
+    if len(body) > MAX_BODY_BYTES:
+        raise BadRequest(too_large, 413)
+    return protocol.loads(body)
 
 
 def agent_view(*, authenticated: bool = True) -> Callable:
-    """A synchronous POST route: JSON errors, the body cap, and the agent's host when asked."""
+    """A synchronous POST route: JSON errors, the body cap, and the agent's host when asked.
+
+    The view reads the body into its protocol shape (fleet/protocol.py); a body that is not
+    that shape is a 400 naming the field (`{"error": ..., "field": "reports[2].runner_id"}`).
+    """
 
     def decorate(view: Callable) -> Callable:
         @csrf_exempt
@@ -91,18 +118,26 @@ def agent_view(*, authenticated: bool = True) -> Callable:
                 return error("use POST", 405, Allow="POST")
             try:
                 if authenticated:
-                    host = host_for_agent_token(bearer_token(request))
+                    host = host_for_agent_token(bearer_token(request), now=timezone.now())
                     if host is None:
                         return unauthorized()
                     kwargs["host"] = host
                 data = read_json(request)
                 return view(request, data, *args, **kwargs)
+            except protocol.ProtocolError as exc:
+                return error(f"{exc.path}: {exc.reason}", 400, field=exc.path)
             except BadRequest as exc:
                 return error(str(exc), exc.status)
             except actions.FleetError as exc:
                 if exc.status == 401:
                     return unauthorized(str(exc))
                 return error(str(exc), exc.status)
+            except (OperationalError, InterfaceError) as exc:
+                if not database_unavailable(exc):
+                    raise  # a missing table or the like is a fault, not a reason to retry
+                log.warning("agent %s: the database is unavailable: %s", request.path, exc)
+                _release_connection()  # a pool thread's kept connection starts afresh
+                return busy()
 
         return wrapper
 
@@ -111,50 +146,81 @@ def agent_view(*, authenticated: bool = True) -> Callable:
 
 @agent_view(authenticated=False)
 def join(request: HttpRequest, data: dict) -> JsonResponse:
+    body = protocol.JoinRequest.from_json(data)
     host, token = actions.join_host(
-        join_token=data.get("join_token"),
-        name=data.get("name"),
-        facts=data,
+        join_token=body.join_token,
+        name=body.name,
+        facts=body,
         now=timezone.now(),
+        claim_code=body.claim_code,
     )
-    answer = actions.heartbeat_answer(host)
-    return JsonResponse(
-        {
-            "host_id": host.pk,
-            "agent_token": token,
-            "heartbeat_interval": answer["heartbeat_interval"],
-        }
+    answer = protocol.JoinAnswer(
+        host_id=host.pk,
+        agent_token=token,
+        tunables=actions.agent_tunables(),
+        agent_token_expires_in=_seconds_until(host.agent_token_expires_at, host.joined_at),
     )
+    return JsonResponse(answer.to_json())
+
+
+def _seconds_until(expires: datetime | None, now: datetime | None) -> float | None:
+    if expires is None or now is None:
+        return None
+    return (expires - now).total_seconds()
+
+
+@agent_view()
+def renew_token(request: HttpRequest, data: dict, *, host: Host) -> JsonResponse:
+    """ESC-06: the next short-lived agent token, for the one this request carries."""
+    now = timezone.now()
+    token, expires = actions.renew_agent_token(
+        host=host, presented=bearer_token(request) or "", now=now
+    )
+    answer = protocol.TokenAnswer(
+        agent_token=token, agent_token_expires_in=(expires - now).total_seconds()
+    )
+    return JsonResponse(answer.to_json())
 
 
 @agent_view()
 def heartbeat(request: HttpRequest, data: dict, *, host: Host) -> JsonResponse:
-    return JsonResponse(actions.record_heartbeat(host=host, facts=data, now=timezone.now()))
+    body = protocol.HeartbeatRequest.from_json(data)
+    return JsonResponse(actions.record_heartbeat(host=host, facts=body, now=timezone.now()))
 
 
 @agent_view()
 def task_result(request: HttpRequest, data: dict, task_id: int, *, host: Host) -> JsonResponse:
-    ok = data.get("ok")
-    if not isinstance(ok, bool):
-        raise BadRequest("ok must be true or false")
-    err = data.get("error")
-    if err is not None and not isinstance(err, str):
-        raise BadRequest("error must be a string or null")
-    attempt = data.get("attempt")
-    if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)):
-        raise BadRequest("attempt must be an integer or null")
+    body = protocol.TaskResult.from_json(data)
+    if task_id > protocol.INT64_MAX:  # no row has such an id; the database would overflow
+        raise actions.TaskNotFound(f"task {task_id} is not a task of this host")
     actions.record_task_result(
-        host=host, task_id=task_id, ok=ok, error=err, attempt=attempt, now=timezone.now()
+        host=host,
+        task_id=task_id,
+        ok=body.ok,
+        error=body.error,
+        attempt=body.attempt,
+        now=timezone.now(),
     )
-    return JsonResponse({"accepted": True})
+    return JsonResponse(protocol.TaskResultAnswer(accepted=True).to_json())
 
 
 @agent_view()
 def reports(request: HttpRequest, data: dict, *, host: Host) -> JsonResponse:
-    accepted, refused = actions.apply_reports(
-        host=host, reports=data.get("reports"), now=timezone.now()
+    body = protocol.ReportsRequest.from_json(data)
+    accepted, refused = apply_agent_reports(
+        host=host, reports=[r.to_json() for r in body.reports], now=timezone.now()
     )
-    return JsonResponse({"accepted": accepted, "refused": refused})
+    return JsonResponse(
+        protocol.ReportsAnswer(accepted=tuple(accepted), refused=tuple(refused)).to_json()
+    )
+
+
+@agent_view()
+def inventory(request: HttpRequest, data: dict, *, host: Host) -> JsonResponse:
+    """A starting agent's inventory, before its first poll (issue 11 item 3)."""
+    body = protocol.InventoryRequest.from_json(data)
+    answer = actions.record_inventory(host=host, inventory=body, now=timezone.now())
+    return JsonResponse(answer.to_json())
 
 
 # -- the long-poll ------------------------------------------------------------------------
@@ -162,13 +228,13 @@ def reports(request: HttpRequest, data: dict, *, host: Host) -> JsonResponse:
 
 def task_wire(task: AgentTask) -> dict:
     """A task as its own agent receives it: the only place a sealed env is opened."""
-    return {
-        "id": task.pk,
-        "kind": task.kind,
-        "attempt": task.attempt,
-        "runner_id": task.runner_id,
-        "payload": wire_payload(task),
-    }
+    return protocol.Task(
+        id=task.pk,
+        kind=task.kind,
+        attempt=task.attempt,
+        runner_id=task.runner_id,
+        payload=wire_payload(task),
+    ).to_json()
 
 
 def _release_connection() -> None:
@@ -188,21 +254,19 @@ def _off_the_shared_thread(func: Callable) -> Callable:
 
 def _authenticate(token: str | None) -> tuple[int | None, float]:
     """The host of this token, and the default wait (the registry may read the database)."""
-    from zoomies_site import registry
-
     try:
-        host = host_for_agent_token(token)
+        host = host_for_agent_token(token, now=timezone.now())
         default_wait = registry.get("agent.long_poll_wait").total_seconds()
         return (host.pk if host else None), default_wait
     finally:
         _release_connection()
 
 
-def _take(host_id: int) -> list[dict]:
+def _take(host_id: int, polled_at: datetime) -> list[dict]:
     try:
         now = timezone.now()
         wires = []
-        for task in take_tasks(host_id, now, TASKS_PER_POLL):
+        for task in take_tasks(host_id, now, TASKS_PER_POLL, polled_at=polled_at):
             try:
                 wires.append(task_wire(task))
             except SealError as exc:
@@ -223,18 +287,9 @@ def _take(host_id: int) -> list[dict]:
         _release_connection()
 
 
-def parse_wait(raw: str | None, default: float) -> float:
-    if raw is None or raw == "":
-        return min(default, MAX_WAIT_SECONDS)
-    try:
-        wait = float(raw)
-    except ValueError:
-        raise BadRequest("wait must be a number of seconds") from None
-    if not math.isfinite(wait) or wait < 0:
-        raise BadRequest("wait must be a number of seconds")
-    return min(wait, MAX_WAIT_SECONDS)
-
-
+# Exempt so a POST gets the protocol's JSON 405 rather than the CSRF middleware's HTML 403
+# (an agent sends no cookie, so there is nothing for CSRF to protect here).
+@csrf_exempt
 async def tasks(request: HttpRequest) -> JsonResponse:
     """`GET tasks?wait=N`: the host's tasks at once, or after a wake, or `[]` after N s."""
     if request.method != "GET":
@@ -243,15 +298,52 @@ async def tasks(request: HttpRequest) -> JsonResponse:
     if host_id is None:
         return unauthorized()
     try:
-        wait = parse_wait(request.GET.get("wait"), default_wait)
-    except BadRequest as exc:
-        return error(str(exc), exc.status)
+        wait = protocol.parse_wait(request.GET.get("wait"), default_wait)
+    except protocol.ProtocolError as exc:
+        return error(f"{exc.path}: {exc.reason}", 400, field=exc.path)
     deadline = time.monotonic() + wait
+    polled_at = timezone.now()
     while True:
-        taken = await _off_the_shared_thread(_take)(host_id)
+        taken = await _off_the_shared_thread(_take)(host_id, polled_at)
         remaining = deadline - time.monotonic()
         if taken or remaining <= 0:
-            return JsonResponse({"tasks": taken})
+            return JsonResponse({"tasks": taken})  # each one a protocol.Task
         # A wake is only a hint (another poll may take the task first, or a create may turn
         # out to be cancelled), so the loop takes again and waits out the rest if need be.
         await wakeups.wait_for_work(host_id, remaining)
+
+
+# -- runner logs (LOG-02) -----------------------------------------------------------------
+
+
+def _host_id(token: str | None) -> int | None:
+    try:
+        host = host_for_agent_token(token, now=timezone.now())
+        return host.pk if host else None
+    finally:
+        _release_connection()
+
+
+@csrf_exempt
+async def log_chunk(request: HttpRequest, stream_id: str) -> JsonResponse:
+    """`POST logs/{stream_id}`: the next piece of a runner's output, handed to the stream's
+    viewers in this process (fleet/logs.py). An async view, so a chunk never queues on the
+    shared sync thread; the hub only appends, so it never waits on a viewer either."""
+    if request.method != "POST":
+        return error("use POST", 405, Allow="POST")
+    host_id = await _off_the_shared_thread(_host_id)(bearer_token(request))
+    if host_id is None:
+        return unauthorized()
+    try:
+        chunk = protocol.LogChunk.from_json(read_json(request))
+    except protocol.ProtocolError as exc:
+        return error(f"{exc.path}: {exc.reason}", 400, field=exc.path)
+    except BadRequest as exc:
+        return error(str(exc), exc.status)
+    still_open = logs.hub.deliver(
+        stream_id, host_id, chunk.data, eof=chunk.eof, error=chunk.error or ""
+    )
+    if still_open is None:
+        # Cancelled, ended, or never opened here: the agent stops reading.
+        return error(f"no log stream {stream_id[:64]} is open for this host", 404)
+    return JsonResponse(protocol.LogChunkAnswer(open=still_open).to_json())

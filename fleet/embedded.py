@@ -16,16 +16,17 @@ from pathlib import Path
 
 from django.utils import timezone
 
+from fleet.actions import create_join_token
 from fleet.agent.cli import build_agent
 from fleet.agent.state import StateStore
+from fleet.models import Host
+from runners import naming
 
 log = logging.getLogger("zoomies.controller")
 
 
 def embedded_host_name() -> str:
     """`zoomies-<hostname>`, cut to the host-name grammar."""
-    from runners import naming
-
     cleaned = re.sub(r"[^a-z0-9]+", "-", socket.gethostname().lower()).strip("-") or "local"
     name = f"zoomies-{cleaned}"[: naming.MAX_HOST_NAME].rstrip("-")
     naming.validate_host_name(name)
@@ -44,10 +45,11 @@ class EmbeddedAgent:
         self.thread.join(timeout=45)
 
 
-def start_embedded_agent(*, controller_url: str, state_dir: Path, capacity: int) -> EmbeddedAgent:
-    from fleet.actions import create_join_token
-    from fleet.models import Host
-
+def start_embedded_agent(
+    *, controller_url: str, state_dir: Path, capacity: int, ca_file: str | None = None
+) -> EmbeddedAgent:
+    """`ca_file` verifies the controller's own certificate when it serves HTTPS (the
+    certificate itself, if self-signed, or its CA's bundle)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     name = embedded_host_name()
     environ: dict[str, str] = {}
@@ -62,6 +64,7 @@ def start_embedded_agent(*, controller_url: str, state_dir: Path, capacity: int)
         state_dir=state_dir,
         name=name,
         capacity=capacity,
+        ca_file=ca_file,
         environ=environ,
     )
 

@@ -18,11 +18,12 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
-from accounts import audit
-from fleet.actions import fail_live_runners
 from fleet.models import Host
 from fleet.states import HostHealth
-from zoomies_site.registry import format_duration
+from fleet.transitions import transition_host_health
+from runners.actions import steps as runner_steps
+from zoomies_site.core import registry
+from zoomies_site.core.registry import format_duration
 
 log = logging.getLogger("zoomies.fleet")
 
@@ -44,8 +45,6 @@ def check_host_health(now: datetime) -> list[str]:
     a second call at the same `now` does nothing, and a lost host's stragglers are failed
     on any later tick.
     """
-    from zoomies_site import registry
-
     timeout: timedelta = registry.get("agent.heartbeat_timeout")
     lost_after: timedelta = registry.get("host.lost_after")
     reasons: list[str] = []
@@ -61,7 +60,8 @@ def judge_host(
 
     The listed row only spares a transaction for a host that is plainly not silent (its
     marks only move forward, so a fresher row can only be less silent); everything decided
-    is decided from the row read again inside the transaction.
+    is decided from the row read again inside the transaction, which is durable: the
+    health move and the failures of a lost host's runners commit together.
     """
     since = silent_since(listed)
     if since is None or now - since < timeout:
@@ -69,7 +69,7 @@ def judge_host(
     if now - since < lost_after and listed.health != HostHealth.HEALTHY:
         return []  # already unhealthy, not yet lost: nothing to do
     reasons: list[str] = []
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         host = Host.objects.select_for_update().filter(pk=listed.pk).first()
         since = silent_since(host) if host is not None else None
         if host is None or since is None:
@@ -90,7 +90,7 @@ def judge_host(
             # Made or confirmed lost by this transaction, so no heartbeat can be in between.
             # Runs on every tick, not only on the move: a runner recorded on a lost host
             # after the move (or one whose failure lost a race) is still failed.
-            reasons += fail_live_runners(
+            reasons += runner_steps.fail_live_runners(
                 host,
                 now=now,
                 actor=ACTOR,
@@ -110,43 +110,12 @@ def _move(host: Host, health: str, *, now: datetime, silence: timedelta) -> list
     """
     quiet = format_duration(timedelta(seconds=int(silence.total_seconds())))
     reason = f"host {host.name} {health}: no heartbeat for {quiet}"
-    moved = Host.objects.filter(
-        pk=host.pk,
-        health=host.health,
-        last_heartbeat_at=host.last_heartbeat_at,
-        joined_at=host.joined_at,
-    ).update(health=health, health_changed_at=now)
-    if not moved:
-        return []
-    audit.record(
+    moved = transition_host_health(
+        host.pk,
+        health,
+        now=now,
         actor=ACTOR,
-        action=f"host.{health}",
-        target=host,
-        detail={"from": host.health, "to": health, "reason": reason},
-        at=now,
+        reason=reason,
+        guard={"last_heartbeat_at": host.last_heartbeat_at, "joined_at": host.joined_at},
     )
-    return [reason]
-
-
-def housekeeping_step(now: datetime) -> list[str]:
-    """The fleet's share of one housekeeping tick: the silence ladder, the task sweep, and
-    the work still owed to hosts, rebuilt from rows (TASK-05, TASK-08)."""
-    from fleet.taskqueue import (
-        blank_env,
-        fail_unconfirmed_stops,
-        reissue_owed_removes,
-        sweep_tasks,
-    )
-
-    lines = (
-        check_host_health(now)
-        + sweep_tasks(now)
-        + fail_unconfirmed_stops(now)
-        + reissue_owed_removes(now)
-    )
-    # Tasks finished by a bulk update elsewhere (a runner's pending create cancelled when it
-    # failed) still hold their sealed env: drop it here.
-    blanked = blank_env()
-    if blanked:
-        lines.append(f"dropped the env of {blanked} finished task(s)")
-    return lines
+    return [reason] if moved else []

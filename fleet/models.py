@@ -16,6 +16,8 @@ class Host(models.Model):
     cordoned = models.BooleanField(default=False)
     capacity = models.PositiveIntegerField(default=1, help_text="runner slots")
     backends = models.JSONField(default=list, blank=True)
+    # BACK-05: per backend, the limits ("cpus", "memory") its engine says it can apply.
+    backend_limits = models.JSONField(default=dict, blank=True)
     platform = models.CharField(max_length=32, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     cpus = models.FloatField(null=True, blank=True)
@@ -27,8 +29,19 @@ class Host(models.Model):
     version = models.CharField(max_length=64, blank=True)
     agent_token_hash = models.CharField(max_length=64, blank=True, db_index=True)
     agent_token_prefix = models.CharField(max_length=16, blank=True)
+    # ESC-06: a credential minted from a claim code expires (null: an ordinary agent token,
+    # which does not). The token a renewal replaced stays valid until its own expiry, so a
+    # request already sent with it, or a renewal whose answer was lost, is not refused.
+    agent_token_expires_at = models.DateTimeField(null=True, blank=True)
+    previous_agent_token_hash = models.CharField(max_length=64, blank=True, db_index=True)
+    previous_agent_token_expires_at = models.DateTimeField(null=True, blank=True)
     embedded = models.BooleanField(default=False, help_text="the controller's own agent")
     joined_at = models.DateTimeField(null=True, blank=True)
+    agent_started_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="when its agent last reported its inventory at start (issue 11 item 3)",
+    )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     health_changed_at = models.DateTimeField(null=True, blank=True)
 
@@ -41,6 +54,11 @@ class Host(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def actor(self) -> str:
+        """Who its agent is in the audit trail."""
+        return f"agent:{self.name}"
 
 
 class JoinToken(models.Model):

@@ -1,13 +1,26 @@
-"""The read API for hosts (the agent protocol lives in fleet/api.py)."""
+"""The REST API for hosts and join tokens (the agent protocol lives in fleet/api.py).
+
+Thin: parse, check access, call one action in fleet/actions.py, render the GET shape.
+"""
 
 from __future__ import annotations
 
-from django.db.models import Count, Q
-from rest_framework import generics, serializers
+from datetime import timedelta
 
+from django.db.models import Count, Q
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.actors import actor_for
 from accounts.permissions import HasFleetScope
-from fleet.models import Host
+from fleet import actions
+from fleet.models import Host, JoinToken
 from runners.states import LIVE_STATES
+from zoomies_site.api_common import NamePages, Pages
 
 
 class HostSerializer(serializers.ModelSerializer):
@@ -25,11 +38,128 @@ class HostSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+def host_queryset():
+    """Hosts with their live runners counted in the same query, not one query per host."""
+    return Host.objects.annotate(
+        live_runners=Count("runners", filter=Q(runners__state__in=list(LIVE_STATES)))
+    )
+
+
 class HostList(generics.ListAPIView):
+    """GET /api/v1/hosts."""
+
     permission_classes = [HasFleetScope]
     serializer_class = HostSerializer
-    # Counted in the list's one query, not one query per host.
-    queryset = Host.objects.annotate(
-        live_runners=Count("runners", filter=Q(runners__state__in=list(LIVE_STATES)))
-    ).order_by("name")
-    pagination_class = None
+    queryset = host_queryset()
+    pagination_class = NamePages
+
+
+class HostDetail(generics.RetrieveAPIView):
+    """GET /api/v1/hosts/<id>."""
+
+    permission_classes = [HasFleetScope]
+    serializer_class = HostSerializer
+    queryset = host_queryset()
+
+
+class DrainAnswer(serializers.Serializer):
+    host = HostSerializer()
+    drained = serializers.ListField(child=serializers.CharField())
+
+
+class _HostVerb(APIView):
+    permission_classes = [HasFleetScope]
+
+    def act(self, host: Host, request) -> dict:  # each verb's one action
+        raise NotImplementedError
+
+    def post(self, request, pk: int):
+        host = get_object_or_404(Host, pk=pk)
+        extra = self.act(host, request)
+        return Response({"host": HostSerializer(host_queryset().get(pk=pk)).data, **extra})
+
+
+class HostCordon(_HostVerb):
+    """POST /api/v1/hosts/<id>/cordon: no new runners are placed on it."""
+
+    @extend_schema(request=None, responses={200: DrainAnswer})
+    def post(self, request, pk: int):
+        return super().post(request, pk)
+
+    def act(self, host, request):
+        actions.set_host_cordon(
+            host=host, cordoned=True, now=timezone.now(), actor=actor_for(request)
+        )
+        return {"drained": []}
+
+
+class HostUncordon(_HostVerb):
+    """POST /api/v1/hosts/<id>/uncordon."""
+
+    @extend_schema(request=None, responses={200: DrainAnswer})
+    def post(self, request, pk: int):
+        return super().post(request, pk)
+
+    def act(self, host, request):
+        actions.set_host_cordon(
+            host=host, cordoned=False, now=timezone.now(), actor=actor_for(request)
+        )
+        return {"drained": []}
+
+
+class HostDrain(_HostVerb):
+    """POST /api/v1/hosts/<id>/drain: cordon it and drain every live runner on it."""
+
+    @extend_schema(request=None, responses={200: DrainAnswer})
+    def post(self, request, pk: int):
+        return super().post(request, pk)
+
+    def act(self, host, request):
+        drained = actions.drain_host(host=host, now=timezone.now(), actor=actor_for(request))
+        return {"drained": drained}
+
+
+class JoinTokenSerializer(serializers.ModelSerializer):
+    """A join token as listed: its prefix, never its secret."""
+
+    host = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+
+    class Meta:
+        model = JoinToken
+        fields = ["id", "prefix", "created_at", "expires_at", "used_at", "host", "created_by"]
+        read_only_fields = fields
+
+
+class NewJoinToken(serializers.Serializer):
+    ttl_minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60, default=60)
+
+
+class MintedJoinToken(JoinTokenSerializer):
+    """The answer to a mint: the secret, shown this once."""
+
+    secret = serializers.CharField(read_only=True)
+
+    class Meta(JoinTokenSerializer.Meta):
+        fields = [*JoinTokenSerializer.Meta.fields, "secret"]
+        read_only_fields = fields
+
+
+class JoinTokenList(generics.ListCreateAPIView):
+    """GET /api/v1/join-tokens; POST mints one for `manage.py agent --join` (AUTH-08)."""
+
+    permission_classes = [HasFleetScope]
+    serializer_class = JoinTokenSerializer
+    queryset = JoinToken.objects.select_related("host")
+    pagination_class = Pages
+
+    @extend_schema(request=NewJoinToken, responses={201: MintedJoinToken})
+    def post(self, request, *args, **kwargs):
+        body = NewJoinToken(data=request.data)
+        body.is_valid(raise_exception=True)
+        token, secret = actions.create_join_token(
+            now=timezone.now(),
+            actor=actor_for(request),
+            ttl=timedelta(minutes=body.validated_data["ttl_minutes"]),
+        )
+        data = {**JoinTokenSerializer(token).data, "secret": secret}
+        return Response(data, status=status.HTTP_201_CREATED)

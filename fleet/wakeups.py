@@ -24,6 +24,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from django.db import connection
+
+from fleet.models import AgentTask
+from fleet.states import TaskState
+
 log = logging.getLogger("zoomies.fleet")
 
 # Seconds between the watcher's looks while agents wait: the worst-case delay for a task
@@ -126,9 +131,6 @@ class TaskWatcher:
             time.sleep(self.interval)
 
     def _look(self, host_ids: list[int]) -> set[int]:
-        from fleet.models import AgentTask
-        from fleet.states import TaskState
-
         self.looks += 1
         return set(
             AgentTask.objects.filter(host_id__in=host_ids, state=TaskState.PENDING)
@@ -139,8 +141,6 @@ class TaskWatcher:
     @staticmethod
     def _close_connection() -> None:
         # This thread's own connection, kept while agents wait and dropped when none do.
-        from django.db import connection
-
         try:
             connection.close()
         except Exception:

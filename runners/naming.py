@@ -28,12 +28,23 @@ MAX_HOST_NAME = 40
 _GRAMMAR = re.compile(r"zoomies(?:-[a-z0-9]+)+")
 _NOT_ALLOWED = re.compile(r"[^a-z0-9]+")
 
-# The runner image catalogue. The stock image is multi-arch, so one reference serves
-# linux/x64 and linux/arm64; the process backend runs the actions runner unpacked on the
-# host, and the catalogue answer for it is the runner's directory name.
-LINUX_RUNNER_IMAGE = "ghcr.io/zoomies/runner:latest"
+# The runner image catalogue. docker/runner/Dockerfile builds the stock image, multi-arch,
+# under every tag in STOCK_TAGS for each platform in STOCK_PLATFORMS, and beside each its
+# Docker variant (the same image with a Docker client) under the tag plus DOCKER_SUFFIX.
+# BUILD_VERSION is this build's version: pyproject.toml's and the agent's (a test holds the
+# three together), so a pin from another build is a tag this catalogue does not list.
+# The process backend runs the actions runner unpacked on the host, and the catalogue
+# answer for it is the runner's directory name.
+BUILD_VERSION = "0.1.0"
+STOCK_REPOSITORY = "ghcr.io/zoomies/runner"
+STOCK_TAGS = ("latest", BUILD_VERSION)
+STOCK_PLATFORMS = ("linux/x64", "linux/arm64")
+DOCKER_SUFFIX = "-docker"
+LINUX_RUNNER_IMAGE = f"{STOCK_REPOSITORY}:latest"
 PROCESS_RUNNER = "actions-runner"
 CONTAINER_BACKENDS = ("docker", "podman")
+# What the kernel and Docker call the architectures the catalogue's platforms name.
+_ARCH_ALIASES = {"amd64": "x64", "x86_64": "x64", "aarch64": "arm64"}
 
 
 def _check(kind: str, name: object, limit: int) -> None:
@@ -110,7 +121,7 @@ def runner_name(pool_name: str, runner_id: int, suffix: str = "") -> str:
     # Cutting may leave a trailing hyphen; strip it so the segments stay well formed.
     pool = pool[: MAX_RUNNER_NAME - len(tail)].rstrip("-")
     name = pool + tail
-    assert is_zoomies_name(name), name  # The construction above guarantees it.
+    assert is_zoomies_name(name), name  # noqa: S101  # The construction above guarantees it.
     return name
 
 
@@ -127,9 +138,69 @@ def default_image(platform: str | None, backend: str) -> str:
         return PROCESS_RUNNER
     if backend_key not in CONTAINER_BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: expected docker, podman or process")
-    os_name = (platform or "").split("/", 1)[0].strip().lower()
-    if os_name in ("", "linux"):
+    os_name, _, arch = (platform or "").strip().lower().partition("/")
+    arch = _ARCH_ALIASES.get(arch, arch)
+    if os_name in ("", "linux") and (not arch or f"linux/{arch}" in STOCK_PLATFORMS):
         return LINUX_RUNNER_IMAGE
     raise ValueError(
         f"the image catalogue has no {backend_key} image for {platform}; set the pool's image"
+    )
+
+
+def _stock_tag(image: str) -> str | None:
+    """The tag of a reference to the stock repository ("latest" when it names none); "@"
+    for a digest; None for any other repository."""
+    name, at, _digest = image.partition("@")
+    repository, colon, tag = name.rpartition(":")
+    if not colon or "/" in tag:  # no tag: the colon, if any, was a registry's port
+        repository, tag = name, "latest"
+    if repository != STOCK_REPOSITORY:
+        return None
+    return "@" if at else tag
+
+
+def docker_variant(image: str) -> str | None:
+    """BACK-16: the Docker variant of a stock image tag this build publishes (itself if it
+    already is one); None when the variant cannot be known: another repository, a digest,
+    or a tag from another build."""
+    tag = _stock_tag(image)
+    if tag in STOCK_TAGS:
+        return f"{STOCK_REPOSITORY}:{tag}{DOCKER_SUFFIX}"
+    if tag and tag.endswith(DOCKER_SUFFIX) and tag[: -len(DOCKER_SUFFIX)] in STOCK_TAGS:
+        return image
+    return None
+
+
+def runner_image(image: str, platform: str | None, backend: str, *, dind: bool = False) -> str:
+    """The image a pool's new runner runs (SCHED-13): the pool's own, or else the catalogue's;
+    for a pool that provides Docker, a stock tag of this build becomes its Docker variant
+    (BACK-16) and any other reference is left as it is (BACK-17). ValueError as
+    `default_image` raises it."""
+    chosen = image or default_image(platform, backend)
+    if dind:
+        return docker_variant(chosen) or chosen
+    return chosen
+
+
+def docker_client_missing(image: str, platform: str | None, backend: str, dind: bool) -> str:
+    """BACK-17: why a pool that provides Docker runs a stock image that may lack a Docker
+    client, or "" when it does not. Only the stock repository is judged: another image is
+    the operator's, and the runner's log says if it has no client (BACK-15)."""
+    if not dind:
+        return ""
+    try:
+        chosen = runner_image(image, platform, backend, dind=True)
+    except ValueError:
+        return ""  # no image at all: the pool's own validation says so
+    tag = _stock_tag(chosen)
+    if tag is None or docker_variant(chosen) is not None:
+        return ""
+    if tag == "@":
+        return (
+            f"{chosen} names one build of the stock image by digest, and whether that build "
+            "has a Docker variant cannot be known"
+        )
+    return (
+        f"{tag} is not a tag this build ({BUILD_VERSION}) publishes, so its Docker variant "
+        "may not exist"
     )

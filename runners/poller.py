@@ -1,21 +1,33 @@
-"""The poll fallback (spec "When webhooks cannot reach you"; POLL-01..07).
+"""The poll fallback and the safety sweep (spec "When webhooks cannot reach you"; POLL-01..07).
 
 `poll_step(now)` is one sweep over the installations; the loop that calls it every
-`github.poll_interval` lives elsewhere. Both of its decisions are per installation:
+`github.poll_interval` lives elsewhere. Its decisions are per installation:
 
-* an installation whose own webhooks are arriving is skipped (POLL-03). "Arriving" means a
-  delivery credited to it (HOOK-07) within `webhook_fresh_window()`: three poll intervals,
-  and never less than ten minutes, so one quiet interval between two jobs does not flip an
-  installation to polling, while a dead webhook is noticed within minutes;
+* an installation whose own webhooks are not arriving is swept in full (POLL-01, POLL-02):
+  its queued and in-progress runs, and what became of open jobs whose run left both lists.
+  "Arriving" means a delivery credited to it (HOOK-07) within `webhook_fresh_window()`:
+  three poll intervals, and never less than ten minutes, so one quiet interval between two
+  jobs does not flip an installation to polling, while a dead webhook is noticed within
+  minutes;
+* one whose webhooks arrive is not polled in full (POLL-03), but gets a safety sweep of its
+  queued runs every `github.safety_sweep_interval`: GitHub never redelivers a dropped
+  `queued`, so in a busy organisation that job would otherwise wait until webhooks stop;
 * a rate-limited installation is stood down until GitHub said its quota returns, and the
   sweep carries on with the rest (POLL-05..07). The stand-down is the installation's, so
   the registration reap (`runners.reap`) honours it and sets it the same way.
 
+What a sweep costs does not grow with the number of queued jobs: each list is asked for
+with the ETag of its last answer (a 304 is not counted by GitHub), a run's jobs are listed
+only when none of them is known or the run changed since it was last seen (a memory kept in
+the database, so a restart does not list them all again), and no call is made once
+`github.sweep_budget` of the hour's quota is spent (`SweepBudget`). Known limits
+of the safety sweep: it reads the queued list only, so a dropped `queued` of a job whose
+run is already in progress is left to the full sweep; and a run it first meets with some of
+its jobs known is trusted to the webhooks until it changes.
+
 Every job found goes through `runners.actions.apply_job_update`, the path webhook deliveries
 take, so a job is never moved backwards and a runner is made busy in one place (POLL-02).
-A job we hold as open that has left the active listing (its run finished, or it was
-cancelled) is asked after through its run, because without a webhook nothing else would end
-it and a job left queued is demand for ever. No transaction is held across a GitHub call.
+No transaction is held across a GitHub call.
 """
 
 from __future__ import annotations
@@ -24,14 +36,23 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db import transaction
 
-from runners.actions import apply_job_update, normalise_status
+from runners.actions import (
+    apply_job_update,
+    clear_standdown,
+    normalise_status,
+    stand_down_installation,
+)
+from runners.github.config import get_app
 from runners.github.errors import GitHubError, NotFound, RateLimited
-from runners.models import Installation, Job, Runner
+from runners.models import Installation, Job, Runner, SweptRun
 from runners.states import JobStatus
+from runners.wake import wake_reconcile
 from runners.webhooks import BadPayload, job_update_from_github
+from zoomies_site.core import registry
 
 log = logging.getLogger("zoomies.poller")
 
@@ -47,8 +68,6 @@ Clock = Callable[[], float]
 
 
 def _registry(key: str):
-    from zoomies_site import registry
-
     return registry.get(key)
 
 
@@ -116,11 +135,7 @@ def stand_down(
         why = "GitHub's time was further off than the cap, so the cap applies"
     call = f"{exc.method} {exc.path}" if exc.method and exc.path else "a call"
     reason = f"rate limited by GitHub ({by}: {call} answered {exc.status}); {why}"
-    Installation.objects.filter(pk=installation.pk).update(
-        standdown_until=until, standdown_reason=reason[:300]
-    )
-    installation.standdown_until = until
-    installation.standdown_reason = reason[:300]
+    stand_down_installation(installation, until=until, reason=reason, now=now, actor=f"system:{by}")
     log.warning(
         "installation %s (%s): standing down until %s: %s",
         installation.github_id,
@@ -133,39 +148,117 @@ def stand_down(
 
 def clear_expired_standdown(installation: Installation, now: datetime) -> None:
     """After a sweep that GitHub answered, forget a stand-down that has run out."""
-    if installation.standdown_until is not None and installation.standdown_until <= now:
-        Installation.objects.filter(
-            pk=installation.pk, standdown_until=installation.standdown_until
-        ).update(standdown_until=None, standdown_reason="")
-        installation.standdown_until = None
-        installation.standdown_reason = ""
+    clear_standdown(installation, now=now, actor=ACTOR)
 
 
 # -- the sweep -----------------------------------------------------------------------------------
 
 
+class BudgetSpent(Exception):
+    """The sweep has spent its share of the installation's hourly quota."""
+
+
+class SweepBudget:
+    """The share of an installation's hourly quota the sweep may take (`github.sweep_budget`).
+
+    Read from GitHub's own headers on the answers the client has seen: the sweep makes no
+    call once `X-RateLimit-Used` (limit minus remaining) has reached `share` of
+    `X-RateLimit-Limit`, so the rest of the hour stays for minting runners and removing
+    them, the calls that serve jobs. Before any answer has been seen nothing is known, and
+    one call is allowed to learn it. 304 answers are not counted by GitHub, so a sweep
+    whose lists did not change spends nothing.
+    """
+
+    def __init__(self, client, share: float):
+        self.client = client
+        self.share = share
+
+    def check(self) -> None:
+        stats = self.client.stats
+        limit, remaining = stats.rate_limit_limit, stats.rate_limit_remaining
+        if limit is None or remaining is None or limit <= 0:
+            return
+        reset = stats.rate_limit_reset
+        if reset is not None and reset <= self.client.app.now():
+            return  # the window those numbers were about has ended: the quota is back
+        if limit - remaining >= self.share * limit:
+            raise BudgetSpent(
+                f"{limit - remaining} of {limit} calls this hour are spent, and the sweep "
+                f"keeps to {self.share:.0%} of them (github.sweep_budget)"
+            )
+
+
 @dataclass
 class PollReport:
-    """What one sweep did, per installation (by GitHub installation id)."""
+    """What one sweep did, per installation (by GitHub installation id).
+
+    `polled` were swept in full (their webhooks are not arriving); `safety_swept` got the
+    safety sweep of queued runs though their webhooks arrive; `skipped_webhooks` had
+    webhooks arriving and a safety sweep within `github.safety_sweep_interval`.
+    """
 
     enabled: bool = True
     configured: bool = True
     polled: list[int] = field(default_factory=list)
+    safety_swept: list[int] = field(default_factory=list)
     skipped_webhooks: list[int] = field(default_factory=list)
     skipped_standdown: list[int] = field(default_factory=list)
     stood_down: dict[int, datetime] = field(default_factory=dict)
+    over_budget: dict[int, str] = field(default_factory=dict)
     errors: dict[int, list[str]] = field(default_factory=dict)
     jobs_seen: int = 0
     jobs_changed: int = 0
+    runs_listed: int = 0
 
     @property
     def changed(self) -> bool:
         return self.jobs_changed > 0
 
 
-def _repositories(installation: Installation, client) -> list[str]:
+# Per (installation, repository): each run whose jobs were listed (or that a safety sweep
+# met already known), and the run's status and `updated_at` then. A run whose stamp has not
+# moved has nothing new to say, so its jobs are not listed again. Kept in the database
+# (SweptRun), not in the process: with a memory per process every restarted controller and
+# every django-q worker listed each queued run's jobs again, which during a burst with ten
+# kills can spend the sweep's whole share of the hour, and then nothing lost is asked after.
+
+
+def _load_memo(installation: Installation, repo: str) -> dict[int, str]:
+    rows = SweptRun.objects.filter(installation=installation, repository=repo.lower())
+    return dict(rows.values_list("run_id", "stamp"))
+
+
+def _save_memo(
+    installation: Installation, repo: str, before: dict[int, str], memo: dict[int, str]
+) -> None:
+    """Write what changed in `memo` since `before`: a bookkeeping cache, so no action and
+    no audit row; written only after the jobs it stands for were recorded."""
+    repo = repo.lower()
+    gone = set(before) - set(memo)
+    if gone:
+        SweptRun.objects.filter(
+            installation=installation, repository=repo, run_id__in=gone
+        ).delete()
+    changed = [
+        SweptRun(installation=installation, repository=repo, run_id=run_id, stamp=stamp)
+        for run_id, stamp in memo.items()
+        if before.get(run_id) != stamp
+    ]
+    if changed:
+        SweptRun.objects.bulk_create(
+            changed,
+            update_conflicts=True,
+            unique_fields=["installation", "repository", "run_id"],
+            update_fields=["stamp"],
+        )
+
+
+def _repositories(installation: Installation, client, budget: SweepBudget) -> list[str]:
     listed = [r for r in (installation.repositories or []) if isinstance(r, str) and "/" in r]
-    return listed if listed else client.repositories()
+    if listed:
+        return listed
+    budget.check()
+    return client.repositories()
 
 
 def _worth_recording(job: dict, status: str, known: dict[int, str], our_runners: set[str]) -> bool:
@@ -214,54 +307,131 @@ def _feed(
             report.jobs_changed += 1
 
 
-def _settle_vanished(
-    installation: Installation,
-    client,
-    repo: str,
-    listed: set[int],
-    now: datetime,
-    report: PollReport,
-) -> None:
-    """Ask after open jobs of ours that are no longer in an active run.
+def _runs_to_list(runs: list, memo: dict[int, str], *, full: bool) -> list[tuple[int, str]]:
+    """The runs whose jobs are worth a call, oldest first: (run id, status and updated_at).
+
+    A run none of whose jobs we hold is listed (a dropped `queued` delivery is found this
+    way), and so is a run whose status or `updated_at` moved since we last looked (a job
+    joined it, or in a full sweep one of its jobs started or ended while no webhook told
+    us). A run we hold jobs of and first see in a safety sweep is remembered unlisted: the
+    webhooks told us of it. Everything else costs nothing. (`updated_at` has whole seconds:
+    a second change within the second of our listing waits for the run's next change.)
+    """
+    runs = [r for r in runs if isinstance(r, dict) and isinstance(r.get("id"), int)]
+    ids = [r["id"] for r in runs]
+    held = set(Job.objects.filter(run_id__in=ids).values_list("run_id", flat=True).distinct())
+    wanted = []
+    for run in sorted(runs, key=lambda r: r["id"]):
+        stamp = f"{run.get('status')} {run.get('updated_at')}"
+        seen = memo.get(run["id"])
+        if seen == stamp:
+            continue
+        if run["id"] in held and seen is None and not full:
+            memo[run["id"]] = stamp
+            continue
+        wanted.append((run["id"], stamp))
+    return wanted
+
+
+@dataclass
+class _Sweep:
+    """One installation's sweep: who asks, within what budget, at what `now`, told where."""
+
+    installation: Installation
+    client: Any
+    budget: SweepBudget
+    now: datetime
+    report: PollReport
+
+
+def _list_and_feed(sw: _Sweep, repo: str, runs: list, memo: dict[int, str], *, full: bool):
+    installation, client, budget, now, report = (
+        sw.installation, sw.client, sw.budget, sw.now, sw.report
+    )  # fmt: skip
+    for run_id, stamp in _runs_to_list(runs, memo, full=full):
+        budget.check()
+        try:
+            jobs = client.run_jobs(repo, run_id).items
+        except NotFound as exc:  # the run was deleted between the two calls
+            report.errors.setdefault(installation.github_id, []).append(str(exc))
+            continue
+        report.runs_listed += 1
+        _feed(jobs, repo, installation, now, report)
+        memo[run_id] = stamp
+
+
+def _settle_vanished(sw: _Sweep, repo: str, active_runs: set[int]) -> None:
+    """Ask after open jobs of ours whose run is not among the runs just listed.
 
     Their run finished, or they were cancelled, between two sweeps; with no webhook nothing
-    else would say so, and a job left queued here is demand for ever. One call per run, at
+    else would say so, and a job left queued here is demand for ever. In a safety sweep
+    (only queued runs listed) this also asks after jobs whose run is in progress, so a lost
+    `in_progress` or `completed` delivery is made good (issue 11 item 2). One call per run, at
     most MAX_RUN_LOOKUPS runs a repository a sweep; the rest are asked after next time.
     """
+    installation, client, budget, now, report = (
+        sw.installation, sw.client, sw.budget, sw.now, sw.report
+    )  # fmt: skip
     open_jobs = (
         Job.objects.filter(repository__iexact=repo, status__in=OPEN_STATUSES)
-        .exclude(github_id__in=listed)
+        .exclude(run_id__in=active_runs)
         .exclude(run_id=None)
         .order_by("run_id")
     )
     vanished = dict(open_jobs.values_list("github_id", "run_id"))
     for run_id in sorted(set(vanished.values()))[:MAX_RUN_LOOKUPS]:
+        budget.check()
         try:
-            jobs = client.list_run_jobs(repo, run_id)
+            jobs = client.run_jobs(repo, run_id).items
         except NotFound as exc:
             report.errors.setdefault(installation.github_id, []).append(str(exc))
             continue
-        _feed(
-            [j for j in jobs if isinstance(j, dict) and j.get("id") in vanished],
-            repo,
-            installation,
-            now,
-            report,
-        )
+        report.runs_listed += 1
+        _feed([j for j in jobs if isinstance(j, dict) and j.get("id") in vanished],
+              repo, installation, now, report)  # fmt: skip
 
 
-def _poll_installation(installation: Installation, client, now: datetime, report: PollReport):
-    """One installation's active jobs, and what became of the ones that left; errors propagate."""
-    for repo in _repositories(installation, client):
+def _sweep_installation(sw: _Sweep, *, full: bool) -> None:
+    """One installation: its queued runs (and, in full, in-progress ones); errors propagate.
+
+    Safety sweep (`full=False`, webhooks arriving): the queued runs of each repository, one
+    conditional call a page, and the jobs of queued runs none of whose jobs we hold. Full
+    sweep (the poll fallback): in-progress runs too, the jobs of runs that changed, and what
+    became of open jobs whose run left both lists.
+    """
+    installation, client, budget = sw.installation, sw.client, sw.budget
+    for repo in _repositories(installation, client, budget):
+        lists: list[list] = []
         try:
-            jobs = client.active_jobs(repo)
+            for status in ("queued", "in_progress") if full else ("queued",):
+                budget.check()
+                lists.append(client.runs(repo, status).items)
         except NotFound as exc:
-            # A repository removed from the installation; the others still need polling.
-            report.errors.setdefault(installation.github_id, []).append(str(exc))
+            # A repository removed from the installation; the others still need sweeping.
+            sw.report.errors.setdefault(installation.github_id, []).append(str(exc))
             continue
-        _feed(jobs, repo, installation, now, report)
-        listed = {j["id"] for j in jobs if isinstance(j, dict) and isinstance(j.get("id"), int)}
-        _settle_vanished(installation, client, repo, listed, now, report)
+        active_ids = {r["id"] for runs in lists for r in runs if isinstance(r, dict) and "id" in r}
+        # Both sweeps, first: a job we hold open whose run left the lists is asked after, so
+        # a lost `in_progress` or `completed` delivery is made good within a sweep interval
+        # even while other deliveries keep arriving (issue 11 item 2). Before the runs'
+        # listings, so that a sweep the budget stops half-way has still made these good;
+        # MAX_RUN_LOOKUPS bounds it.
+        _settle_vanished(sw, repo, active_ids)
+        before = _load_memo(installation, repo)
+        # Forget runs that left the lists, so the memory stays the size of what is active.
+        memo = {run_id: stamp for run_id, stamp in before.items() if run_id in active_ids}
+        try:
+            for runs in lists:
+                _list_and_feed(sw, repo, runs, memo, full=full)
+        finally:
+            # Also when the budget or GitHub stopped the sweep: what was listed stays known.
+            _save_memo(installation, repo, before, memo)
+
+
+def safety_sweep_due(installation: Installation, now: datetime) -> bool:
+    """Whether an installation whose webhooks arrive is due its safety sweep."""
+    last = installation.last_polled_at
+    return last is None or now - last >= _registry("github.safety_sweep_interval")
 
 
 def poll_step(
@@ -271,7 +441,12 @@ def poll_step(
     clock: Clock | None = None,
     started_at: datetime | None = None,
 ) -> PollReport:
-    """One sweep of the poll fallback over every active installation (POLL-01..07).
+    """One sweep over every active installation (POLL-01..07, and the safety sweep).
+
+    An installation whose webhooks are not arriving is swept in full (the poll fallback); one
+    whose webhooks arrive gets the safety sweep every `github.safety_sweep_interval`, because
+    GitHub never redelivers a dropped `queued` and its job would otherwise wait unseen.
+    Either keeps within `github.sweep_budget` of the hour's quota.
 
     `app` is the GitHubApp (default: the configured one); `clock` is the clock its
     `RateLimited.retry_at` is measured on (see `standdown_until`). The reconcile pass is
@@ -282,23 +457,28 @@ def poll_step(
         report.enabled = False
         return report
     if app is None:
-        from runners.github.config import get_app
-
         app = get_app()
     if app is None:
         report.configured = False
         return report
+    share = _registry("github.sweep_budget")
     for installation in Installation.objects.filter(active=True).order_by("pk"):
         gid = installation.github_id
         if under_standdown(installation, now):
             report.skipped_standdown.append(gid)
             continue
-        if webhooks_arriving(installation, now, started_at):
+        full = not webhooks_arriving(installation, now, started_at)
+        if not full and not safety_sweep_due(installation, now):
             report.skipped_webhooks.append(gid)
             continue
         client = app.for_installation(gid)
+        budget = SweepBudget(client, share)
         try:
-            _poll_installation(installation, client, now, report)
+            _sweep_installation(_Sweep(installation, client, budget, now, report), full=full)
+        except BudgetSpent as exc:
+            # What was not looked at is looked at next time; the hour's rest is for runners.
+            log.warning("poller: installation %s (%s): %s", gid, installation.account, exc)
+            report.over_budget[gid] = str(exc)
         except RateLimited as exc:
             # POLL-05: this installation only; the quota is per installation.
             report.stood_down[gid] = stand_down(
@@ -311,9 +491,7 @@ def poll_step(
             continue
         clear_expired_standdown(installation, now)
         Installation.objects.filter(pk=installation.pk).update(last_polled_at=now)
-        report.polled.append(gid)
+        (report.polled if full else report.safety_swept).append(gid)
     if report.changed:
-        from runners.wake import wake_reconcile
-
         transaction.on_commit(wake_reconcile)
     return report

@@ -1,8 +1,10 @@
-"""What the problems drawer says about GitHub (POLL-04, POLL-06).
+"""What the problems drawer says about GitHub (POLL-04, POLL-06), pools and waiting jobs.
 
 A fleet that silently stopped receiving webhooks looks exactly like a quiet fleet, so when
 the poller is doing the work webhooks should, the drawer says so in plain words; and each
-installation GitHub has rate-limited is listed with when it will be asked again.
+installation GitHub has rate-limited is listed with when it will be asked again. Likewise
+a pool the reconcile pass cannot read, and a job that has waited too long for a runner
+(issue 8 items 1 and 2): each would otherwise look like a quiet fleet too.
 """
 
 from __future__ import annotations
@@ -11,7 +13,12 @@ from datetime import datetime
 
 from django.db.models import Max
 
-from runners.models import Installation
+from runners import naming
+from runners.models import Installation, Job, Pool
+from runners.poller import webhook_fresh_window
+from runners.pool_views import read_pools
+from runners.states import JobStatus
+from zoomies_site.core import registry
 
 WARNING = "warning"
 # Polls count as happening while the latest is within this many poll intervals.
@@ -19,8 +26,6 @@ RECENT_POLL_INTERVALS = 3
 
 
 def _registry(key: str):
-    from zoomies_site import registry
-
     return registry.get(key)
 
 
@@ -32,8 +37,6 @@ def _when(at: datetime, now: datetime) -> str:
 
 def _polling_only(now: datetime) -> dict | None:
     """POLL-04: the poller has polled recently and no installation's webhooks are arriving."""
-    from runners.poller import webhook_fresh_window
-
     active = Installation.objects.filter(active=True)
     seen = active.aggregate(polled=Max("last_polled_at"), hooked=Max("last_webhook_at"))
     polled, hooked = seen["polled"], seen["hooked"]
@@ -94,3 +97,102 @@ def github_problems(now: datetime) -> list[dict]:
         problems.append(polling)
     problems.extend(_standdowns(now))
     return problems
+
+
+def unreadable_pools() -> list[dict]:
+    """Pools the reconcile pass skips because it cannot read them (runners.pool_views)."""
+    _views, skipped = read_pools(Pool.objects.order_by("name"))
+    return [
+        {
+            "key": f"pool.unreadable:{bad.name}",
+            "severity": "error",
+            "title": f"Pool {bad.name} cannot be read, so it gets no runners",
+            "detail": (
+                f"{bad.reason}. The reconcile pass skips this pool and carries on with the "
+                "others; its queued jobs wait until it is fixed. Open the pool in the admin "
+                "and save it with valid values."
+            ),
+        }
+        for bad in skipped
+    ]
+
+
+def docker_client_missing() -> list[dict]:
+    """BACK-17: pools that provide Docker on a stock image whose Docker variant cannot be
+    known, left on it rather than moved to a tag the registry may lack."""
+    problems = []
+    for pool in Pool.objects.filter(dind=True).order_by("name"):
+        why = naming.docker_client_missing(pool.image, pool.platform, pool.backend, pool.dind)
+        if why:
+            problems.append(
+                {
+                    "key": f"pool.docker_client_missing:{pool.name}",
+                    "severity": WARNING,
+                    "title": f"Pool {pool.name} provides Docker on an image that may have no "
+                    "Docker client",
+                    "detail": (
+                        f"{why}. Its runners are started on it unchanged, because a tag the "
+                        "registry lacks would stop every job in the pool; a job that runs "
+                        "docker fails, and the runner's log warns. Set the pool's image to a "
+                        f"tag this build publishes ({', '.join(naming.STOCK_TAGS)}) or its "
+                        f"Docker variant ({naming.STOCK_REPOSITORY}:<tag>"
+                        f"{naming.DOCKER_SUFFIX}), or to an image with a Docker client."
+                    ),
+                }
+            )
+    return problems
+
+
+# How many distinct reasons, and jobs per reason, the waiting-jobs problem names.
+REASONS_NAMED, JOBS_NAMED = 5, 3
+
+
+def waiting_jobs(now: datetime) -> list[dict]:
+    """Queued jobs older than runners.job_wait_warning, grouped by why they wait (item 2)."""
+    threshold = _registry("runners.job_wait_warning")
+    waiting = Job.objects.filter(status=JobStatus.QUEUED, created_at__lte=now - threshold)
+    total = waiting.count()
+    if not total:
+        return []
+    groups: dict[str, list[str]] = {}
+    counts: dict[str, int] = {}
+    rows = waiting.order_by("created_at", "pk").values_list(
+        "wait_reason", "repository", "github_id"
+    )
+    for reason, repository, github_id in rows.iterator():
+        reason = reason or "not yet looked at by the reconcile pass"
+        counts[reason] = counts.get(reason, 0) + 1
+        named = groups.setdefault(reason, [])
+        if len(named) < JOBS_NAMED:
+            named.append(f"{repository} job {github_id}")
+    ordered = sorted(counts, key=lambda r: -counts[r])
+    parts = [
+        f"{counts[r]} ({', '.join(groups[r])}{', ...' if counts[r] > len(groups[r]) else ''}): {r}"
+        for r in ordered[:REASONS_NAMED]
+    ]
+    if len(ordered) > REASONS_NAMED:
+        parts.append(f"and {len(ordered) - REASONS_NAMED} more reasons")
+    minutes = int(threshold.total_seconds() // 60)
+    return [
+        {
+            "key": "jobs.waiting_too_long",
+            "severity": WARNING,
+            "title": f"{total} job(s) have waited more than {minutes} min for a runner",
+            "detail": (
+                "Why, as the latest reconcile pass saw it: "
+                + "; ".join(parts)
+                + ". The Jobs API (/api/v1/jobs?status=queued) shows each job's reason "
+                "(runners.job_wait_warning sets when a wait is named here)."
+            ),
+        }
+    ]
+
+
+def runners_problems(now: datetime) -> list[dict]:
+    """Everything this app adds to the problems list."""
+    return [
+        *github_problems(now),
+        *unreadable_pools(),
+        *docker_client_missing(),
+        *waiting_jobs(now),
+    ]

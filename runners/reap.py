@@ -7,11 +7,12 @@ per installation. A registration is an orphan, and is deleted, only when all of 
 
 * its name has the `zoomies-` prefix (no other registration is ever touched);
 * GitHub does not report it busy (and a delete GitHub answers "busy", 422, is left alone:
-  PEERS.md point 3);
+  the runner took a job after the list said idle);
 * no live runner row (any state but failed or removed) explains it, by name or by GitHub
   runner id.
 
-Nothing is deleted for a target whose list call did not succeed (PEERS.md point 4). The reap
+Nothing is deleted for a target whose list call did not succeed (a missing answer is no proof
+that a runner is gone). The reap
 honours an installation's rate-limit stand-down, and the first refusal it meets stops that
 installation's work at once and sets the stand-down exactly as the poller does (POLL-08,
 POLL-09); the other installations carry on.
@@ -27,11 +28,14 @@ from datetime import datetime
 from django.db.models import Q
 
 from accounts import audit
+from runners.github.config import get_app
 from runners.github.errors import GitHubError, RateLimited
-from runners.models import Installation, Runner
+from runners.github.scopes import registration_scopes
+from runners.models import Installation, Pool, Runner
 from runners.naming import PREFIX
 from runners.poller import stand_down, under_standdown
 from runners.states import LIVE_STATES
+from zoomies_site.core import registry
 
 log = logging.getLogger("zoomies.reap")
 
@@ -40,8 +44,6 @@ Clock = Callable[[], float]
 
 
 def _registry(key: str):
-    from zoomies_site import registry
-
     return registry.get(key)
 
 
@@ -77,13 +79,15 @@ class ReapReport:
 
 
 def _targets(installation: Installation, client) -> list[dict[str, str]]:
-    """Where this installation's registrations live: the organisation, or each repository."""
-    if installation.kind == Installation.Kind.ORG:
-        return [{"org": installation.account}]
+    """Where this installation's registrations live: the organisation and every repository a
+    pool registers at, or each repository (`runners.github.scopes`)."""
+    pool_repos = Pool.objects.filter(Q(installation=installation) | Q(installation=None))
+    pool_repos = pool_repos.exclude(repository="").values_list("repository", flat=True)
+    repos = []
     if installation.kind == Installation.Kind.REPO:
         repos = [r for r in (installation.repositories or []) if isinstance(r, str) and "/" in r]
-        return [{"repo": r} for r in (repos or client.repositories())]
-    return []  # enterprise-level runners are not managed yet
+        repos = repos or client.repositories()
+    return registration_scopes(installation.kind, installation.account, repos, pool_repos)
 
 
 def _explained(name: str, runner_id: object) -> bool:
@@ -156,8 +160,6 @@ def reap_step(
     """
     report = ReapReport()
     if app is None:
-        from runners.github.config import get_app
-
         app = get_app()
     if app is None:
         report.configured = False

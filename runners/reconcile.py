@@ -11,45 +11,57 @@ import logging
 import os
 import secrets
 import socket
-import sys
 from collections import Counter
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings as django_settings
-from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db import DatabaseError
 from django.utils import timezone
 
+from fleet.agent.backends.resources import allocatable, given
 from fleet.models import Host
-from fleet.states import HostHealth, TaskKind
-from fleet.taskqueue import enqueue_task
+from fleet.states import HostHealth
+from fleet.wakeups import notify_host
 from runners import naming
+from runners.actions import (
+    NewRunner,
+    create_runner,
+    defer_idle_drain,
+    drain_runner,
+    fail_runner,
+)
+from runners.github.config import get_app
 from runners.github.errors import RateLimited
-from runners.lifecycle import drain_runner, fail_runner
-from runners.models import Installation, Job, Pool, Runner
+from runners.github.labels import runner_labels
+from runners.github.programs import process_program
+from runners.models import NON_EPHEMERAL_UNSUPPORTED, Installation, Job, Pool, Runner
 from runners.poller import stand_down, under_standdown
+from runners.pool_views import read_pools
 from runners.scheduler import (
     HostView,
     JobView,
     Plan,
-    PoolView,
     RunnerView,
     SchedulerSettings,
     Snapshot,
     assign_jobs,
     decide,
 )
+from runners.selectors import unlinked_exits
 from runners.states import JobStatus, RunnerState
-from zoomies_site import leases, registry
+from runners.waits import job_wait_reasons, record_wait_reasons
+from runners.wake import wake_reconcile
+from zoomies_site import metrics
+from zoomies_site.core import leases, registry
 
 log = logging.getLogger("zoomies.reconcile")
 
 LEASE_NAME = "reconcile"
 LEASE_TTL = timedelta(minutes=5)  # longer than any pass; a crashed holder frees it by expiry
 ACTOR = "system:reconcile"
-FAKE_RUNNER_IMAGE = "zoomies/fake-runner"
 JIT_MINT_CONCURRENCY = 8
 
 
@@ -88,8 +100,6 @@ def _deregister(runner: Runner, now: datetime) -> str:
     if runner.github_runner_id is None or runner.installation_id is None:
         # A runner we hold no GitHub id for (a registration-token runner): nothing to ask.
         return "gone"
-    from runners.github.config import get_app
-
     app = get_app()
     if app is None:
         return "no GitHub App is configured"
@@ -105,6 +115,38 @@ def _deregister(runner: Runner, now: datetime) -> str:
         return "rate limited by GitHub"
     except Exception as exc:  # the drain waits for the next pass; the runner stays idle
         return f"GitHub did not confirm the deregistration: {exc}"
+
+
+def _withdraw(app, minted: _Minted, now: datetime) -> str:
+    """Deregister a minted runner whose row could not be written; says what became of it.
+
+    No agent task will ever start it, so it would sit at GitHub as a runner that runs no job
+    until the reap (`github.reap_interval`) found it. Left to the reap when a row has it after
+    all (a commit that failed late may have gone through) or when that cannot be read.
+    """
+    try:
+        if Runner.objects.filter(name=minted.name).exists():
+            return "a runner row has it after all"
+    except DatabaseError:
+        return "its registration is left to the reap"
+    installation = minted.installation
+    if minted.github_runner_id is None or under_standdown(installation, now):
+        return "its registration is left to the reap"
+    try:
+        answer = app.for_installation(installation.github_id).delete_runner(
+            runner_id=minted.github_runner_id, **registration_target(minted.pool, installation)
+        )
+    except RateLimited as exc:
+        try:
+            stand_down(installation, exc, now=now, by="reconcile")
+        except DatabaseError:
+            pass  # the next call to GitHub meets the limit and records it
+        return "its registration is left to the reap (rate limited by GitHub)"
+    except Exception as exc:
+        return f"its registration is left to the reap ({exc})"
+    log.info("%s: deregistered %s, whose row could not be written (%s)",
+             minted.pool.name, minted.name, answer)  # fmt: skip
+    return f"its registration was deleted at GitHub ({answer})"
 
 
 def _runner_view(r: Runner, *, unlinked_exit: bool = False) -> RunnerView:
@@ -123,49 +165,20 @@ def _runner_view(r: Runner, *, unlinked_exit: bool = False) -> RunnerView:
     )
 
 
-def unlinked_exits(now: datetime, grace: timedelta):
-    """Ephemeral runners that ended cleanly within `grace` with no job linked to them.
-
-    An ephemeral runner exits 0 after its one job, so such a runner ran a job we have not
-    heard of yet; the scheduler lets it stand for that job for the grace.
-    """
-    linked = Job.objects.filter(runner_id=OuterRef("pk"))
-    named = Job.objects.filter(runner_name=OuterRef("name"))
+def _allocatable(host: Host) -> tuple[float | None, int | None]:
+    """BACK-07: the host's machine less its reserve (fleet.agent.backends.resources), the
+    same figures the agent divides into slot shares; a figure not reported stays None."""
+    both = allocatable(host.cpus or 0.0, host.memory_mb or 0)
     return (
-        Runner.objects.filter(
-            state=RunnerState.REMOVED,
-            ephemeral=True,
-            exit_code=0,
-            finished_at__gt=now - grace,
-        )
-        .exclude(Exists(linked))
-        .exclude(Exists(named))
+        both.cpus if host.cpus is not None else None,
+        both.memory_mb if host.memory_mb is not None else None,
     )
 
 
 def build_snapshot(now: datetime) -> Snapshot:
     """The rows, the settings and `now`, as plain data (SCHED-02)."""
-    pools = tuple(
-        PoolView(
-            id=p.pk,
-            name=p.name,
-            labels=tuple(p.labels or ()),
-            backend=p.backend,
-            platform=p.platform or None,
-            host_selector=tuple(sorted((str(k), str(v)) for k, v in p.host_selector.items())),
-            image=p.image,
-            cpus=p.cpus,
-            memory_mb=p.memory_mb,
-            dind=p.dind,
-            ephemeral=p.ephemeral,
-            warm=p.warm,
-            max_runners=p.max_runners,
-            paused=p.paused,
-            idle_timeout=p.idle_timeout,
-            installation_id=p.installation_id,
-        )
-        for p in Pool.objects.order_by("name")
-    )
+    # A pool the scheduler cannot read is skipped, not fatal; runners.problems names it.
+    pools, _unreadable = read_pools(Pool.objects.order_by("name"))
     hosts = tuple(
         HostView(
             id=h.pk,
@@ -176,8 +189,9 @@ def build_snapshot(now: datetime) -> Snapshot:
             platform=h.platform or None,
             labels=tuple(sorted((str(k), str(v)) for k, v in (h.labels or {}).items())),
             capacity=h.capacity,
-            cpus=h.cpus,
-            memory_mb=h.memory_mb,
+            # BACK-07: the machine less its reserve, the same figures the agent divides.
+            cpus=_allocatable(h)[0],
+            memory_mb=_allocatable(h)[1],
         )
         for h in Host.objects.order_by("pk")
     )
@@ -223,24 +237,15 @@ class ApplyReport:
         return bool(self.created or self.failed or self.drained)
 
 
-PROCESS_IMAGES = (naming.PROCESS_RUNNER, FAKE_RUNNER_IMAGE)
-
-
 def runner_command(pool: Pool, image: str) -> list[str] | None:
     """The argv a process-backend runner runs; container backends run the image instead.
 
-    A process runner runs as the agent's user on the host, so only the two programs this
-    codebase knows are allowed: the actions runner unpacked on the host, and the fake
-    runner. A pool's image is never run as an arbitrary command.
+    A process runner runs as the agent's user on the host, so its image names one of the
+    programs in `runners.github.programs`, never an arbitrary command (ValueError).
     """
     if pool.backend != Pool.Backend.PROCESS:
         return None
-    if image == FAKE_RUNNER_IMAGE:
-        return [sys.executable, "-m", "runners.github.fake.runner"]
-    if image == naming.PROCESS_RUNNER:
-        root = os.environ.get("ZOOMIES_ACTIONS_RUNNER_DIR", "/opt/actions-runner")
-        return [os.path.join(root, "run.sh")]
-    raise ValueError(f"the process backend runs only {' or '.join(PROCESS_IMAGES)}, not {image!r}")
+    return process_program(image).command(registry.get("runners.actions_runner_dir"))
 
 
 class InstallationChooser:
@@ -331,77 +336,55 @@ def _mint(app, create, pool: Pool, installation: Installation, image: str) -> _M
     name = naming.runner_name(pool.name, secrets.randbelow(10**6), secrets.token_hex(3))
     client = app.for_installation(installation.github_id)
     target = registration_target(pool, installation)
-    labels = list(dict.fromkeys(list(pool.labels or []) + [pool.name]))
+    labels = runner_labels(pool.labels, pool.name, pool.platform)
     if pool.ephemeral:
         jit = client.generate_jitconfig(
             name=name, labels=labels, runner_group_id=pool.runner_group_id, **target
         )
         env = {"ACTIONS_RUNNER_INPUT_JITCONFIG": jit.encoded_jit_config}
         return _Minted(create, pool, installation, name, env, jit.runner_id)
-    # SCHED-15: a non-ephemeral runner runs config.sh with a registration token.
-    token, _expires = client.registration_token(**target)
-    url_base = app.base_url.replace("api.github.com", "github.com")
-    env = {
-        "ZOOMIES_RUNNER_REGISTRATION_TOKEN": token,
-        "ZOOMIES_RUNNER_URL": f"{url_base}/{target.get('org') or target.get('repo')}",
-        "ZOOMIES_RUNNER_NAME": name,
-        "ZOOMIES_RUNNER_LABELS": ",".join(labels),
-    }
-    return _Minted(create, pool, installation, name, env, None)
+    # A registration token would be spent for a runner nothing configures (issue 8 item 9).
+    raise ValueError(f"pool {pool.name}: {NON_EPHEMERAL_UNSUPPORTED}")
 
 
-def _write_runner(minted: _Minted, image: str, now: datetime) -> Runner:
-    """The provisioning row and its create task, in one transaction (SCHED-16)."""
+DOCKER_WAIT_ENV = "ZOOMIES_DOCKER_WAIT"  # read by docker/runner/zoomies-entrypoint.sh
+
+
+def runner_env(pool: Pool) -> dict[str, str]:
+    """What the operator gives a pool's runners (BACK-11, BACK-12): runners.env, then for a
+    pool that provides Docker runners.docker_wait as ZOOMIES_DOCKER_WAIT, then the pool's
+    own env over both, key by key. The minted credential goes on top of this, never under.
+    """
+    env = dict(item.partition("=")[::2] for item in registry.get("runners.env"))
+    if pool.dind:
+        # A "Docker pool" is one whose runners get a daemon: only they run the image's wait.
+        env[DOCKER_WAIT_ENV] = str(int(registry.get("runners.docker_wait").total_seconds()))
+    env.update({str(k): str(v) for k, v in (pool.env or {}).items()})
+    return env
+
+
+def _new_runner(minted: _Minted, image: str, limits: Collection[str] = ()) -> NewRunner:
+    """The create action's input: the pool's command for `image`, the operator's env, the
+    minted credential, and of what it was charged what its host's engine can apply
+    (`limits`, BACK-05)."""
     pool, create = minted.pool, minted.create
-    with transaction.atomic():
-        runner = Runner.objects.create(
-            name=minted.name,
-            pool=pool,
-            host_id=create.host_id,
-            installation=minted.installation,
-            state=RunnerState.PROVISIONING,
-            created_at=now,
-            state_changed_at=now,
-            github_runner_id=minted.github_runner_id,
-            image=image,
-            cpus=create.cpus,
-            memory_mb=create.memory_mb,
-            ephemeral=pool.ephemeral,
-            message=create.reason,
-        )
-        env = dict(minted.env)
-        if pool.backend == Pool.Backend.PROCESS and image == FAKE_RUNNER_IMAGE:
-            # The fake runner is this codebase's module; a host agent runs it from here.
-            env["PYTHONPATH"] = str(django_settings.BASE_DIR)
-        enqueue_task(
-            host_id=create.host_id,
-            runner_id=runner.pk,
-            kind=TaskKind.CREATE_RUNNER,
-            payload={
-                "runner_id": runner.pk,
-                "runner_name": runner.name,
-                "pool": pool.name,
-                "backend": pool.backend,
-                "image": image,
-                "command": runner_command(pool, image),
-                "env": env,
-                "cpus": create.cpus,
-                "memory_mb": create.memory_mb,
-                "dind": pool.dind,
-                "ephemeral": pool.ephemeral,
-            },
-            now=now,
-        )
-        from accounts import audit
-
-        audit.record(
-            actor=ACTOR,
-            action="runner.provisioning",
-            target=runner,
-            detail={"reason": create.reason, "placement": getattr(create, "placement", "")},
-            at=now,
-        )
-    return runner
+    env = {**runner_env(pool), **minted.env}
+    if pool.backend == Pool.Backend.PROCESS:
+        env.update(process_program(image).environment(str(django_settings.BASE_DIR)))
+    return NewRunner(
+        name=minted.name,
+        pool=pool,
+        host_id=create.host_id,
+        installation=minted.installation,
+        image=image,
+        cpus=given(pool.cpus, create.cpus, "cpus" in limits),
+        memory_mb=given(pool.memory_mb, create.memory_mb, "memory" in limits),
+        github_runner_id=minted.github_runner_id,
+        env=env,
+        command=runner_command(pool, image),
+        reason=create.reason,
+        placement=getattr(create, "placement", ""),
+    )
 
 
 def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> ApplyReport:
@@ -421,14 +404,31 @@ def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> A
         runner = Runner.objects.filter(pk=drain.runner_id).first()
         if runner is None or runner.state != RunnerState.IDLE:
             continue
-        # PEERS 3: deregister at GitHub first. A runner that took a job meanwhile answers
-        # "busy" (422), and nothing touches a busy runner.
+        if runner.drain_deferred_until is not None and now < runner.drain_deferred_until:
+            continue  # GitHub said it is busy: wait for its job's end or the reap interval
+        # Deregister at GitHub first, never destroy a workload on a stale "idle": a runner that
+        # took a job meanwhile answers "busy" (422), and nothing touches a busy runner.
         answer = _deregister(runner, now)
+        if answer == "busy":
+            # Issue 8 item 7: not asked again on every pass; the reap interval is when the
+            # registrations are looked at again anyway.
+            until = now + registry.get("github.reap_interval")
+            why = f"GitHub says it is running a job; asked again at {until:%H:%M:%S}"
+            defer_idle_drain(runner, until=until, now=now, actor=ACTOR, reason=why)
+            report.skipped.append(f"{runner.name}: not drained: {why} unless the job ends first")
+            continue
         if answer != "deleted" and answer != "gone":
             report.skipped.append(f"{runner.name}: not drained: {answer}")
             continue
         if drain_runner(
-            runner, now=now, actor=ACTOR, reason=drain.reason, expected_from=[RunnerState.IDLE]
+            runner,
+            now=now,
+            actor=ACTOR,
+            reason=drain.reason,
+            expected_from=[RunnerState.IDLE],
+            # Only "deleted" proves the registration was there and took no job ("gone" may
+            # be an ephemeral runner GitHub removed after a job we have not heard of).
+            deregistered_at=now if answer == "deleted" else None,
         ).changed:
             report.drained.append(drain.reason)
     report.demand.extend(d.reason for d in plan.demand)
@@ -452,14 +452,17 @@ def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> A
         work.append((create, pool, installation, create.image))
     if not work:
         return report
-    from runners.github.config import get_app
-
     app = get_app()
     if app is None:
         report.skipped.append("no GitHub App is configured: no runner can be registered")
         return report
-    # PEERS 7: mint a burst concurrently, within a bounded number of connections, and write
-    # each runner as soon as its credential is back: one slow mint delays only itself.
+    # BACK-05: per host and backend, the limits its engine said it can apply.
+    limits = dict(
+        Host.objects.filter(pk__in={w[0].host_id for w in work}).values_list("pk", "backend_limits")
+    )
+    # A burst scales up in one pass: mint concurrently, within a bounded number of
+    # connections, and write each runner as soon as its credential is back: one slow mint
+    # delays only itself.
     host_ids = set()
     with ThreadPoolExecutor(max_workers=min(JIT_MINT_CONCURRENCY, len(work))) as pool_exec:
         pending = {pool_exec.submit(_mint, app, *w): w for w in work}
@@ -476,10 +479,14 @@ def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> A
                 log.warning("%s: could not mint a runner credential: %s", pool.name, exc)
                 continue
             try:
-                runner = _write_runner(minted, image, now)
+                can = (limits.get(create.host_id) or {}).get(pool.backend) or ()
+                runner = create_runner(_new_runner(minted, image, can), now=now, actor=ACTOR)
             except Exception as exc:  # one bad row must not lose the rest of the burst
                 log.exception("%s: could not write the runner row", pool.name)
-                report.skipped.append(f"{pool.name}: could not write the runner row: {exc}")
+                withdrawn = _withdraw(app, minted, now)  # outside the failed transaction
+                report.skipped.append(
+                    f"{pool.name}: could not write the runner row: {exc}; {withdrawn}"
+                )
                 continue
             host_ids.add(create.host_id)
             report.created.append(f"{runner.name}: {create.reason}")
@@ -488,19 +495,18 @@ def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> A
 
 
 def _notify_hosts(host_ids: set[int]) -> None:
-    try:
-        from fleet.wakeups import notify_host
-    except ImportError:
-        return
     for host_id in host_ids:
         notify_host(host_id)
 
 
 def reconcile_once(now: datetime) -> ApplyReport:
     """One decide-and-apply, without the lease (callers hold it)."""
-    snapshot = build_snapshot(now)
-    plan = decide(snapshot)
-    report = apply_plan(plan, now, snapshot)
+    with metrics.RECONCILE_SECONDS.time():
+        snapshot = build_snapshot(now)
+        plan = decide(snapshot)
+        report = apply_plan(plan, now, snapshot)
+        # Issue 8 item 2: why each queued job still has no runner, where the API shows it.
+        record_wait_reasons(job_wait_reasons(snapshot, plan, report.skipped), now)
     for line in report.created + report.failed + report.drained + report.skipped:
         log.info("reconcile: %s", line)
     return report
@@ -537,7 +543,5 @@ def reconcile_now(now_fn=timezone.now, max_rounds: int = 5) -> list[ApplyReport]
         raise
     if not leases.release(LEASE_NAME, holder=holder, force=True):
         # Still woken after max_rounds: hand the rest to a fresh pass rather than drop it.
-        from runners.wake import wake_reconcile
-
         wake_reconcile()
     return reports

@@ -65,7 +65,8 @@ class JobStatus(models.TextChoices):
 
 
 # HOOK-03: a job only moves forward. waiting and queued share a rank: GitHub sends
-# queued, waiting, queued for an environment-gated job (NOTES.md section 1).
+# queued, waiting, queued for an environment-gated job, with
+# identical timestamps, so they cannot order the two.
 JOB_RANK = {
     JobStatus.WAITING: 0,
     JobStatus.QUEUED: 0,

@@ -9,7 +9,13 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from zoomies_site import leases
+from runners.housekeeping import housekeeping_step
+from runners.poller import poll_step
+from runners.reap import reap_step
+from runners.reconcile import LEASE_NAME, LEASE_TTL, reconcile_now
+from runners.redelivery import redelivery_step
+from runners.wake import clear_wake, wake_reconcile
+from zoomies_site.core import leases
 
 SWEEP_LEASE_TTL = timedelta(minutes=5)
 
@@ -19,9 +25,6 @@ def _holder() -> str:
 
 
 def reconcile_task() -> int:
-    from runners.reconcile import reconcile_now
-    from runners.wake import clear_wake
-
     clear_wake()  # before the pass: a wake during it enqueues the next one
 
     reports = reconcile_now()
@@ -29,8 +32,6 @@ def reconcile_task() -> int:
 
 
 def housekeeping_task() -> int:
-    from runners.housekeeping import housekeeping_step
-
     return len(housekeeping_step(timezone.now()).lines)
 
 
@@ -40,8 +41,6 @@ def poll_task(started_at: str | None = None) -> str:
     `started_at` is when the controller started: deliveries from before it do not count as
     arriving, so the first sweep after a restart catches up on what was missed.
     """
-    from runners.poller import poll_step
-
     holder = _holder()
     if not leases.acquire("poll", holder=holder, now=timezone.now(), ttl=SWEEP_LEASE_TTL):
         return "another poll sweep is running"
@@ -52,6 +51,18 @@ def poll_task(started_at: str | None = None) -> str:
         leases.release("poll", holder=holder, force=True)
 
 
+def redelivery_task() -> str:
+    """One redelivery pass at a time: two would list the same deliveries twice (the guid
+    claims keep them from asking twice, but the calls would be spent)."""
+    holder = _holder()
+    if not leases.acquire("redelivery", holder=holder, now=timezone.now(), ttl=SWEEP_LEASE_TTL):
+        return "another redelivery pass is running"
+    try:
+        return str(redelivery_step(timezone.now()))
+    finally:
+        leases.release("redelivery", holder=holder, force=True)
+
+
 def reap_task(started_at: str) -> str:
     """The registration reap runs under the reconcile lease.
 
@@ -59,9 +70,6 @@ def reap_task(started_at: str) -> str:
     registrations in that window would see ones no row explains yet and delete them.
     Holding the same lease makes the two exclusive.
     """
-    from runners.reap import reap_step
-    from runners.reconcile import LEASE_NAME, LEASE_TTL
-
     holder = _holder()
     if not leases.acquire(LEASE_NAME, holder=holder, now=timezone.now(), ttl=LEASE_TTL):
         return "a reconcile pass is running; the reap waits for the next tick"
@@ -70,6 +78,4 @@ def reap_task(started_at: str) -> str:
     finally:
         if not leases.release(LEASE_NAME, holder=holder, force=True):
             # A pass was asked for while the reap held the lease: serve it now.
-            from runners.wake import wake_reconcile
-
             wake_reconcile()

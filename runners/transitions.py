@@ -18,6 +18,7 @@ from django.db.models.functions import Coalesce
 from accounts import audit
 from runners.models import Runner
 from runners.states import TERMINAL_STATES, RunnerState, can_transition, sources_of
+from zoomies_site.events import emit
 
 log = logging.getLogger("zoomies.runners")
 
@@ -102,4 +103,5 @@ def transition_runner(
             detail={"from": current, "to": new_state, "reason": reason},
             at=now,
         )
+        emit(f"runner.{new_state}", Runner(pk=runner_id), at=now)
     return TransitionResult(True, current, new_state)

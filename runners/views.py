@@ -7,7 +7,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from runners import webhooks
+from runners import webhook_writer
 from runners.github import config
 
 
@@ -25,7 +25,8 @@ def github_webhook(request: HttpRequest) -> JsonResponse:
 
     The body is read from the stream, at most one byte past the cap, rather than through
     `request.body`: that one refuses anything over DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB),
-    and GitHub sends deliveries of up to 25 MB.
+    and GitHub sends deliveries of up to 25 MB. Then the same writer as the ASGI route
+    records it (runners.webhook_writer): recorded within its answer budget, or a 503.
     """
     max_body = config.webhook_max_body()
     length = _content_length(request)
@@ -33,14 +34,17 @@ def github_webhook(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"error": "Content-Length is not a number"}, status=400)
     if length > max_body:
         return JsonResponse({"error": f"the delivery is larger than {max_body} bytes"}, status=413)
-    body = request.read(max_body + 1)
-    outcome = webhooks.ingest(
-        body=body,
-        event=request.headers.get("X-GitHub-Event"),
-        delivery_id=request.headers.get("X-GitHub-Delivery"),
-        signature=request.headers.get("X-Hub-Signature-256"),
-        secrets=config.webhook_secrets(),
-        now=timezone.now(),
-        max_body=max_body,
+    outcome = webhook_writer.answer(
+        webhook_writer.Request(
+            body=request.read(max_body + 1),
+            event=request.headers.get("X-GitHub-Event"),
+            delivery_id=request.headers.get("X-GitHub-Delivery"),
+            signature=request.headers.get("X-Hub-Signature-256"),
+            received_at=timezone.now(),
+            max_body=max_body,
+        )
     )
-    return JsonResponse(outcome.body, status=outcome.status)
+    response = JsonResponse(outcome.body, status=outcome.status)
+    if outcome.status == webhook_writer.BUSY.status:
+        response["Retry-After"] = "60"
+    return response

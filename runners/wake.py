@@ -11,39 +11,41 @@ from __future__ import annotations
 
 import logging
 
+from django.db import transaction
+
+from zoomies_site import metrics
+from zoomies_site.core.leases import claim_flag, clear_flag
+
 log = logging.getLogger("zoomies.runners")
 
 WAKE_FLAG = "reconcile.wake"
 
-# Tests and the controller can observe wakes without patching.
-wake_count = 0
-enqueued_count = 0
-
 
 def _claim_wake() -> bool:
     """Turn the pending-wake flag on; True only for the caller that turned it on."""
-    from zoomies_site.leases import claim_flag
-
     return claim_flag(WAKE_FLAG)
 
 
 def clear_wake() -> None:
     """Called by the reconcile task before its pass: later wakes enqueue another."""
-    from zoomies_site.leases import clear_flag
-
     clear_flag(WAKE_FLAG)
 
 
 def wake_reconcile() -> None:
     """Ask for a reconcile pass soon. Never raises: a lost wake costs one ticker period."""
-    global wake_count, enqueued_count
-    wake_count += 1
+    metrics.RECONCILE_WAKES.labels("asked").inc()
     try:
-        if not _claim_wake():
-            return  # a pass is already queued and has not started: it will see this change
-        from django_q.tasks import async_task
+        # The claim and the queued task in one transaction: one commit, not two, and inside
+        # it django-q2's ORM broker leaves the caller's connection alone (in autocommit it
+        # closes an aged one before each enqueue, the webhook writer's kept one included).
+        with transaction.atomic():
+            if not _claim_wake():
+                return  # a pass is already queued and has not started: it will see this change
+            from django_q.tasks import async_task  # noqa: PLC0415  # django-q2's models need the apps loaded
 
-        async_task("runners.tasks.reconcile_task", group="reconcile", q_options={"timeout": 300})
-        enqueued_count += 1
+            async_task(
+                "runners.tasks.reconcile_task", group="reconcile", q_options={"timeout": 300}
+            )
+        metrics.RECONCILE_WAKES.labels("enqueued").inc()
     except Exception:  # a wake must never fail the request that asked for it
         log.exception("could not enqueue a reconcile pass")

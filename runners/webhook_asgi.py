@@ -1,22 +1,23 @@
 """`POST /webhooks/github` under ASGI, without Django's request cycle (HOOK-01..07).
 
 zoomies_site/asgi.py sends this one route here; everything else, and this path under any
-other method, still goes to Django. It does what runners.views.github_webhook does (the view
-stays for WSGI: pytest-django's live_server and any WSGI deployment use it) and answers the
-same statuses and JSON bodies: read the body, at most one byte past the cap, then the same
-`runners.webhooks.ingest`.
+other method, still goes to Django. It answers what runners.views.github_webhook answers
+(the view serves WSGI: pytest-django's live_server and any WSGI deployment), with the same
+statuses and JSON bodies, through the same runners.webhook_writer: read the body, at most
+one byte past the cap, hand it to the writer thread, and answer once its burst has
+committed, or 503 when the database has not taken it within the writer's ANSWER_BUDGET.
 
-Why: under ASGI Django runs every sync view on ONE shared thread (thread_sensitive), so
-deliveries queue behind each other and behind the admin and the API, and the view's request
-cycle (middleware, URL resolving, the response) costs milliseconds a delivery on these
-machines. Here `ingest` runs on a small pool of its own threads instead, through
-`sync_to_async(thread_sensitive=False)`, as fleet/api.py's long-poll does. Each call closes
-the database connections its pool thread opened before returning: CONN_MAX_AGE is 0, and
-no request_finished signal ever reaches a pool thread to close them.
+Why not a Django view: under ASGI Django runs every sync view on ONE shared thread
+(thread_sensitive), so deliveries would queue behind each other and behind the admin and
+the API, and the request cycle (middleware, URL resolving, the response) costs a
+millisecond a delivery on these machines. Here the event loop only reads and answers; the
+one database read it may need (the size cap, when the writer has not read it lately) runs
+on a thread of its own, which closes its connection after.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -24,21 +25,17 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from runners import webhooks
-from runners.github.config import webhook_max_body, webhook_secrets
+from runners import webhook_writer, webhooks
+from runners.github.config import webhook_max_body
 
 log = logging.getLogger("zoomies.webhooks")
 
 PATH = "/webhooks/github"
-# SQLite takes one writer at a time, and the GIL one Python thread: two threads let one
-# delivery verify and parse while the other writes. Measured with 1, 2, 4 and 8 (bench/README.md):
-# 2 was as fast as any and kept the tail shortest; more only wait longer on the write lock.
-POOL_THREADS = 2
 
-_pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="webhook-ingest")
+_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-settings")
 
 # The headers Django's SecurityMiddleware and XFrameOptionsMiddleware add to the view's answer.
 _HEADERS = [
@@ -70,33 +67,27 @@ def _release_connections() -> None:
 
 def _max_body() -> int:
     try:
-        return webhook_max_body()  # the registry may read the database once its cache ages
-    finally:
-        _release_connections()
-
-
-def _ingest(body: bytes, headers: dict[str, str], max_body: int) -> webhooks.Outcome:
-    try:
-        return webhooks.ingest(
-            body=body,
-            event=headers.get("x-github-event"),
-            delivery_id=headers.get("x-github-delivery"),
-            signature=headers.get("x-hub-signature-256"),
-            secrets=webhook_secrets(),
-            now=timezone.now(),
-            max_body=max_body,
-        )
+        # The registry may read the database once its cache ages.
+        return webhook_writer.remember_max_body(webhook_max_body())
     finally:
         _release_connections()
 
 
 _max_body_async = sync_to_async(_max_body, thread_sensitive=False, executor=_pool)
-_ingest_async = sync_to_async(_ingest, thread_sensitive=False, executor=_pool)
 
 
-async def _answer(send, status: int, body: dict[str, Any]) -> None:
-    content = json.dumps(body, cls=DjangoJSONEncoder).encode()
+async def _within(awaitable, deadline: float):
+    """Await until the loop's clock reaches `deadline`; TimeoutError after that."""
+    remaining = deadline - asyncio.get_running_loop().time()
+    return await asyncio.wait_for(awaitable, timeout=max(remaining, 0.001))
+
+
+async def _answer(send, outcome: webhooks.Outcome, retry_after: bool = False) -> None:
+    status = outcome.status
+    content = json.dumps(outcome.body, cls=DjangoJSONEncoder).encode()
     headers = [*_HEADERS, (b"content-length", str(len(content)).encode())]
+    if retry_after:
+        headers.append((b"retry-after", b"60"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": content})
 
@@ -117,35 +108,62 @@ def _headers(scope: dict[str, Any]) -> dict[str, str]:
 
 
 async def application(scope, receive, send) -> None:
-    """The ASGI app for `POST /webhooks/github`; zoomies_site.asgi routes only that here."""
+    """The ASGI app for `POST /webhooks/github`; zoomies_site.asgi routes only that here.
+
+    The database gets the writer's ANSWER_BUDGET seconds in all (the size cap's read, if
+    due, and the writer's burst); a delivery it has not recorded in time, or refused with a
+    database error, is answered 503. One still queued then is recorded when the database comes back:
+    a redelivery under the same id is then a duplicate (HOOK-02), so nothing is lost or
+    recorded twice either way.
+    """
     headers = _headers(scope)
+    delivery_id = headers.get("x-github-delivery")
+    deadline = asyncio.get_running_loop().time() + webhook_writer.ANSWER_BUDGET
     try:
-        max_body = await _max_body_async()
-        raw_length = headers.get("content-length") or "0"
-        try:
-            length = int(raw_length)
-        except ValueError:
-            await _answer(send, 400, {"error": "Content-Length is not a number"})
-            return
-        if length > max_body:
-            await _answer(send, 413, {"error": f"the delivery is larger than {max_body} bytes"})
-            return
-        chunks: list[bytes] = []
-        received = 0
-        more = True
-        while more and received <= max_body:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # nobody is waiting for an answer, and nothing was recorded
-            chunk = message.get("body", b"")
-            chunks.append(chunk)
-            received += len(chunk)
-            more = message.get("more_body", False)
-        # At most one byte past the cap, as the view reads: ingest answers 413 for that.
-        body = b"".join(chunks)[: max_body + 1]
-        outcome = await _ingest_async(body, headers, max_body)
-    except Exception:
-        log.exception("webhook delivery %s failed", headers.get("x-github-delivery"))
-        await _answer(send, 500, {"error": "the delivery could not be processed"})
+        max_body = webhook_writer.known_max_body()
+        if max_body is None:
+            max_body = await _within(_max_body_async(), deadline)
+    except (TimeoutError, DatabaseError) as exc:
+        log.warning("webhook delivery %s: the size cap could not be read: %s", delivery_id, exc)
+        await _answer(send, webhook_writer.busy(delivery_id), retry_after=True)
         return
-    await _answer(send, outcome.status, outcome.body)
+    raw_length = headers.get("content-length") or "0"
+    try:
+        length = int(raw_length)
+    except ValueError:
+        await _answer(send, webhooks.Outcome(400, {"error": "Content-Length is not a number"}))
+        return
+    if length > max_body:
+        too_large = {"error": f"the delivery is larger than {max_body} bytes"}
+        await _answer(send, webhooks.Outcome(413, too_large))
+        return
+    chunks: list[bytes] = []
+    received = 0
+    more = True
+    while more and received <= max_body:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return  # nobody is waiting for an answer, and nothing was recorded
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        received += len(chunk)
+        more = message.get("more_body", False)
+    # At most one byte past the cap, as the view reads: the check answers 413 for that.
+    request = webhook_writer.Request(
+        body=b"".join(chunks)[: max_body + 1],
+        event=headers.get("x-github-event"),
+        delivery_id=delivery_id,
+        signature=headers.get("x-hub-signature-256"),
+        received_at=timezone.now(),
+        max_body=max_body,
+    )
+    future = webhook_writer.submit(request)
+    # asyncio.wait cancels nothing: a delivery past the budget stays queued and may still be
+    # recorded, even if this request is cancelled meanwhile (the client gone).
+    remaining = max(deadline - asyncio.get_running_loop().time(), 0.001)
+    done, _ = await asyncio.wait({asyncio.wrap_future(future)}, timeout=remaining)
+    if not done:
+        await _answer(send, webhook_writer.busy(delivery_id), retry_after=True)
+        return
+    outcome = webhook_writer.settle(future, delivery_id)
+    await _answer(send, outcome, retry_after=outcome.status == 503)

@@ -1,10 +1,12 @@
 """GitHub webhook ingest (spec "A job arrives" steps 1-2; HOOK-01..07).
 
-`ingest` is everything `POST /webhooks/github` does, minus HTTP: verify the signature over
-the raw body, parse, record the delivery and apply the job update in one transaction, and
-wake the reconcile pass after the commit. It makes no GitHub call and schedules nothing
-itself (HOOK-04): the answer goes back as soon as the rows are written, because GitHub
-gives a delivery 10 s and never retries a failed one on its own (PEERS.md point 1).
+`check` and `record` are everything `POST /webhooks/github` does, minus HTTP: verify the
+signature over the raw body and parse (no database), then record the delivery and apply the
+job update in one transaction, and wake the reconcile pass after the commit. `record` takes
+a burst of deliveries at once (runners.webhook_writer calls it from one thread). It makes
+no GitHub call and schedules nothing itself (HOOK-04): the answer goes back as soon as the
+rows are written, because GitHub gives a delivery 10 s and never retries a failed one on
+its own.
 
 `job_update_from_github` turns GitHub's job object (a delivery's `workflow_job`, or an item
 of the REST jobs list the poller reads) into a `JobUpdate`, so both sources feed
@@ -29,16 +31,21 @@ from accounts import audit
 from runners.actions import JobUpdate, apply_job_update, normalise_status
 from runners.models import Installation, WebhookDelivery
 from runners.states import JobStatus
+from runners.wake import wake_reconcile
 
 log = logging.getLogger("zoomies.webhooks")
 
 ACTOR = "github:webhook"
 SIGNATURE_PREFIX = "sha256="
 # The actions that name a job status outright. GitHub can send action "queued" with status
-# "waiting" (NOTES.md section 1), so for these the action wins over workflow_job.status.
+# "waiting" (an environment-gated job), so for these the action wins over workflow_job.status.
 STATUS_ACTIONS = frozenset(
     {JobStatus.QUEUED, JobStatus.IN_PROGRESS, JobStatus.COMPLETED, JobStatus.WAITING}
 )
+# GitHub's ids are positive and fit a BIGINT; anything larger cannot be a row of ours.
+MAX_ID = 2**63 - 1
+# A timestamp outside these years is not one of GitHub's, and is dropped (see below).
+EARLIEST_YEAR, LATEST_YEAR = 1970, 9998
 
 
 class BadPayload(ValueError):
@@ -82,25 +89,69 @@ def signature_matches(body: bytes, header: str | None, secrets: Iterable[str]) -
 
 
 def parse_github_datetime(value: Any) -> datetime | None:
-    """A GitHub timestamp as an aware datetime: ISO 8601 text, or epoch seconds (NOTES.md 6).
+    """A GitHub timestamp as an aware datetime: ISO 8601 text, or epoch seconds (older
+    `installation` payloads carry integers where GitHub's schema says date-time strings).
 
-    Anything else is treated as absent rather than refusing the delivery over a timestamp.
+    Anything else is treated as absent rather than refusing the delivery over a timestamp:
+    so is a time we cannot place (1e300, -1e20, NaN, year 9999 west of UTC), which no
+    database column could hold either.
     """
     if value is None or isinstance(value, bool):
         return None
-    if isinstance(value, int | float):
-        return datetime.fromtimestamp(value, UTC)
-    if isinstance(value, str) and value:
-        try:
+    try:
+        if isinstance(value, int | float):
+            parsed = datetime.fromtimestamp(value, UTC)
+        elif isinstance(value, str) and value:
             parsed = datetime.fromisoformat(value)
-        except ValueError:
+            if parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=UTC)
+            parsed = parsed.astimezone(UTC)
+        else:
             return None
-        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
-    return None
+    except (ValueError, OverflowError, OSError):
+        return None
+    return parsed if EARLIEST_YEAR <= parsed.year <= LATEST_YEAR else None
 
 
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _github_id(value: Any, what: str) -> int | None:
+    """A GitHub id (positive, within a BIGINT column), None when absent; BadPayload if not."""
+    if value is None:
+        return None
+    found = _int_or_none(value)
+    if found is None or not 0 < found <= MAX_ID:
+        raise BadPayload(f"{what} is not an id GitHub issues (a positive 64-bit integer)")
+    return found
+
+
+def _storable(value: str) -> bool:
+    """False for text no database column takes: NUL, or a lone surrogate from a JSON escape."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _text(value: Any, what: str, max_length: int) -> str:
+    """A string we store: "" when absent or not a string; BadPayload when it cannot be kept.
+
+    GitHub never sends a NUL character or a repository name longer than 140 characters,
+    and PostgreSQL refuses NUL in text, so such a field refuses the delivery rather than
+    being cut (a cut runner name would link the wrong runner).
+    """
+    if not isinstance(value, str):
+        return ""
+    if not _storable(value):
+        raise BadPayload(f"{what} contains a NUL character or a lone surrogate (\\ud800)")
+    if len(value) > max_length:
+        raise BadPayload(f"{what} is longer than {max_length} characters")
+    return value
 
 
 def job_update_from_github(
@@ -110,33 +161,36 @@ def job_update_from_github(
 
     `status` overrides `job["status"]` (a delivery's action, see STATUS_ACTIONS). The runner
     name is kept only once the job has started: GitHub's own example of a queued job already
-    names a runner, and a job is linked to a runner only from in_progress (PEERS.md point 2).
+    names a runner, and a job is linked to a runner only from in_progress: any idle
+    runner whose labels match may take a queued job, not the one made for it.
     """
-    github_id = _int_or_none(job.get("id"))
-    if github_id is None:
+    if job.get("id") is None:
         raise BadPayload("workflow_job.id is missing or not an integer")
+    github_id = _github_id(job.get("id"), "workflow_job.id")
     if not isinstance(repository, str) or "/" not in repository:
         raise BadPayload("repository.full_name is missing")
+    repository = _text(repository, "repository.full_name", 200)
     raw_status = status or job.get("status")
     if not isinstance(raw_status, str) or not raw_status:
         raise BadPayload("workflow_job.status is missing")
     labels = job.get("labels") or []
     if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
         raise BadPayload("workflow_job.labels is not a list of strings")
+    for label in labels:
+        _text(label, "a workflow_job label", 1000)
     normalised = normalise_status(raw_status)
     started = normalised in (JobStatus.IN_PROGRESS, JobStatus.COMPLETED)
-    runner_name = job.get("runner_name") if started else None
+    runner_name = _text(job.get("runner_name"), "workflow_job.runner_name", 200)
     name = job.get("name")
-    conclusion = job.get("conclusion")
     return JobUpdate(
         github_id=github_id,
         status=raw_status,
         repository=repository,
         labels=tuple(labels),
-        run_id=_int_or_none(job.get("run_id")),
-        name=name[:300] if isinstance(name, str) else "",
-        conclusion=conclusion if isinstance(conclusion, str) else "",
-        runner_name=runner_name if isinstance(runner_name, str) else "",
+        run_id=_github_id(job.get("run_id"), "workflow_job.run_id"),
+        name=_text(name[:300] if isinstance(name, str) else "", "workflow_job.name", 300),
+        conclusion=_text(job.get("conclusion"), "workflow_job.conclusion", 32),
+        runner_name=runner_name if started else "",
         created_at=parse_github_datetime(job.get("created_at")),
         started_at=parse_github_datetime(job.get("started_at")) if started else None,
         completed_at=parse_github_datetime(job.get("completed_at")),
@@ -175,6 +229,23 @@ def _repository_name(payload: Mapping[str, Any]) -> str | None:
 def _installation_id(payload: Mapping[str, Any]) -> int | None:
     inst = payload.get("installation")
     return _int_or_none(inst.get("id")) if isinstance(inst, dict) else None
+
+
+def check_payload(payload: Mapping[str, Any]) -> None:
+    """BadPayload for the fields of any event that no delivery from GitHub could carry.
+
+    Checked before anything is written, so a refused delivery records nothing.
+    """
+    action = payload.get("action")
+    if action is not None and not isinstance(action, str):
+        raise BadPayload("action is not a string")
+    _text(action, "action", 64)
+    inst = payload.get("installation")
+    if isinstance(inst, dict):
+        _github_id(inst.get("id"), "installation.id")
+    repository = _repository_name(payload)
+    if repository is not None:
+        _text(repository, "repository.full_name", 200)
 
 
 # -- crediting the delivery (HOOK-07) --------------------------------------------------------
@@ -223,7 +294,12 @@ def _repo_names(items: Any) -> list[str]:
     if not isinstance(items, list):
         return []
     return [
-        r["full_name"] for r in items if isinstance(r, dict) and isinstance(r.get("full_name"), str)
+        r["full_name"]
+        for r in items
+        if isinstance(r, dict)
+        and isinstance(r.get("full_name"), str)
+        and _storable(r["full_name"])
+        and len(r["full_name"]) <= 200
     ]
 
 
@@ -241,7 +317,7 @@ def _installation_event(event: str, payload: Mapping[str, Any], now: datetime) -
     if event == "installation" and action == "created":
         account = inst.get("account") if isinstance(inst.get("account"), dict) else {}
         login = account.get("login") if isinstance(account.get("login"), str) else ""
-        if not login:
+        if not login or not _storable(login):
             return
         # A personal account cannot have organisation runners: its runners are per repository.
         kind = (
@@ -287,7 +363,37 @@ def _installation_event(event: str, payload: Mapping[str, Any], now: datetime) -
 # -- the endpoint's logic ----------------------------------------------------------------------
 
 
-def ingest(
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(body: bytes) -> Any:
+    """The body as JSON, or BadPayload: strict JSON only (no NaN or Infinity), bounded depth.
+
+    The decoder recurses once per nesting level, so a body nested deeper than Python's
+    recursion limit raises RecursionError; no delivery of GitHub's nests more than a few
+    dozen levels.
+    """
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+    except RecursionError:
+        raise BadPayload("the body is nested too deeply to be a GitHub delivery") from None
+    except (UnicodeDecodeError, ValueError):
+        raise BadPayload("the body is not JSON") from None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A delivery whose signature and body passed every check: what `record` writes."""
+
+    delivery_id: str
+    event: str
+    payload: dict[str, Any]
+    update: JobUpdate | None
+    received_at: datetime
+
+
+def check(
     *,
     body: bytes,
     event: str | None,
@@ -296,13 +402,11 @@ def ingest(
     secrets: Sequence[str],
     now: datetime,
     max_body: int | None = None,
-) -> Outcome:
-    """Verify, record and apply one delivery; the answer for `POST /webhooks/github`.
+) -> Outcome | Delivery:
+    """Verify and parse one delivery without touching the database.
 
-    Refused deliveries (401, 400, 413) record nothing. An accepted one writes its
-    WebhookDelivery row and its job update in one transaction, so a crash can never leave
-    one without the other; a redelivery under the same X-GitHub-Delivery finds the row and
-    changes nothing (HOOK-02).
+    The refusal (401, 400, 413) as an Outcome, or the Delivery to record. Nothing refused
+    here is ever written.
     """
     if max_body is not None and len(body) > max_body:
         return Outcome(413, {"error": f"the delivery is larger than {max_body} bytes"})
@@ -325,49 +429,117 @@ def ingest(
         return Outcome(400, {"error": "X-GitHub-Delivery is missing"})
     if len(delivery_id) > 100:
         return Outcome(400, {"error": "X-GitHub-Delivery is longer than 100 characters"})
+    if not _storable(event) or not _storable(delivery_id):
+        return Outcome(400, {"error": "a GitHub header contains a NUL character"})
     try:
-        payload = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return Outcome(400, {"error": "the body is not JSON"})
+        payload = parse_json(body)
+    except BadPayload as exc:
+        return Outcome(400, {"error": str(exc)})
     if not isinstance(payload, dict):
         return Outcome(400, {"error": "the body is not a JSON object"})
     try:
+        check_payload(payload)
         update = workflow_job_update(payload) if event == "workflow_job" else None
     except BadPayload as exc:
         return Outcome(400, {"error": str(exc)})
+    return Delivery(delivery_id, event, payload, update, now)
 
+
+@dataclass
+class _Burst:
+    """What the deliveries of one `record` call share: installation look-ups and marks."""
+
+    owners: dict[tuple[int | None, str | None], Installation | None] = field(default_factory=dict)
+    # POLL-03's mark, once per installation a burst: the latest receipt time of its deliveries.
+    seen: dict[int, tuple[Installation, datetime]] = field(default_factory=dict)
+
+    def owner(self, payload: Mapping[str, Any]) -> Installation | None:
+        key = (_installation_id(payload), _repository_name(payload))
+        if key not in self.owners:
+            self.owners[key] = owning_installation(payload)
+        return self.owners[key]
+
+    def saw(self, installation: Installation, at: datetime) -> None:
+        known = self.seen.get(installation.pk)
+        if known is None or known[1] < at:
+            self.seen[installation.pk] = (installation, at)
+
+
+class _Duplicate(Exception):
+    """A redelivery: its savepoint is rolled back and it is answered as a duplicate."""
+
+
+def _record_one(delivery: Delivery, burst: _Burst) -> Outcome:
+    """Write one delivery and its job update (HOOK-02) in the caller's savepoint.
+
+    Raises _Duplicate for a delivery id already recorded: the caller's savepoint undoes the
+    failed insert (one savepoint a delivery, not one more for the insert alone).
+    """
+    payload, event, now = delivery.payload, delivery.event, delivery.received_at
+    installation_event = event in ("installation", "installation_repositories")
+    # An installation event may create the installation it is credited to, so it is looked
+    # up after that event's own write; any other delivery's row is written with it at once.
+    installation = None if installation_event else burst.owner(payload)
     action = payload.get("action") if isinstance(payload.get("action"), str) else ""
-    repository = _repository_name(payload) or ""
-    with transaction.atomic():
-        try:
-            with transaction.atomic():
-                delivery = WebhookDelivery.objects.create(
-                    delivery_id=delivery_id,
-                    event=event[:64],
-                    action=action[:64],
-                    repository=repository[:200],
-                    received_at=now,
-                )
-        except IntegrityError:
-            log.info("webhook %s (%s): a redelivery; nothing to do", delivery_id, event)
-            return Outcome(200, {"duplicate": True, "delivery": delivery_id})
-        if event in ("installation", "installation_repositories"):
-            _installation_event(event, payload, now)
-        # Credited after an installation event, so a new installation's first delivery counts.
-        installation = owning_installation(payload)
+    try:
+        row = WebhookDelivery.objects.create(
+            delivery_id=delivery.delivery_id,
+            event=event[:64],
+            action=action[:64],
+            repository=(_repository_name(payload) or "")[:200],
+            received_at=now,
+            installation=installation,
+        )
+    except IntegrityError:
+        raise _Duplicate from None
+    if installation_event:
+        _installation_event(event, payload, now)
+        burst.owners.clear()  # the installations may have changed
+        installation = burst.owner(payload)
         if installation is not None:
-            WebhookDelivery.objects.filter(pk=delivery.pk).update(installation=installation)
-            _note_webhook(installation, now)
-        if update is not None:
-            apply_job_update(
-                update, installation=installation, now=now, source="webhook", actor=ACTOR
-            )
-        # HOOK-04: the reconcile pass runs elsewhere, woken once these rows are visible.
-        transaction.on_commit(_wake)
-    return Outcome(200, {"ok": True, "delivery": delivery_id, "event": event})
+            WebhookDelivery.objects.filter(pk=row.pk).update(installation=installation)
+    if installation is not None:
+        burst.saw(installation, now)
+    if delivery.update is not None:
+        apply_job_update(
+            delivery.update, installation=installation, now=now, source="webhook", actor=ACTOR
+        )
+    return Outcome(200, {"ok": True, "delivery": delivery.delivery_id, "event": event})
 
 
-def _wake() -> None:
-    from runners.wake import wake_reconcile
+def record(deliveries: Sequence[Delivery]) -> list[Outcome | Exception]:
+    """Record a burst of checked deliveries in ONE transaction; an answer for each, in order.
 
-    wake_reconcile()
+    Each delivery writes its WebhookDelivery row and its job update inside a savepoint of
+    its own, so a crash never leaves one without the other, a redelivery under the same
+    X-GitHub-Delivery finds the row and changes nothing (HOOK-02), and a delivery that
+    fails (its exception is its answer) takes no other delivery of the burst with it. What
+    the burst shares is done once: the installations it names are looked up once and marked
+    once (POLL-03), and the reconcile pass is woken once after the commit (HOOK-04). A
+    database error that leaves the transaction unusable raises: nothing was recorded.
+    """
+    burst = _Burst()
+    answers: list[Outcome | Exception] = []
+    with transaction.atomic():
+        for delivery in deliveries:
+            try:
+                with transaction.atomic():
+                    answers.append(_record_one(delivery, burst))
+            except _Duplicate:
+                log.info(
+                    "webhook %s (%s): a redelivery; nothing to do",
+                    delivery.delivery_id,
+                    delivery.event,
+                )
+                answers.append(Outcome(200, {"duplicate": True, "delivery": delivery.delivery_id}))
+            except Exception as exc:
+                if transaction.get_rollback():
+                    raise  # the savepoint could not be rolled back: the burst is lost whole
+                log.exception("webhook %s could not be recorded", delivery.delivery_id)
+                answers.append(exc)
+        for installation, at in burst.seen.values():
+            _note_webhook(installation, at)
+        if any(isinstance(a, Outcome) and a.body.get("ok") for a in answers):
+            # HOOK-04: the reconcile pass runs elsewhere, woken once these rows are visible.
+            transaction.on_commit(wake_reconcile)
+    return answers

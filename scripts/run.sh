@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
+# The admin's and the browsable API's stylesheets, served by the controller (WhiteNoise).
+.venv/bin/python manage.py collectstatic --noinput --verbosity 0
 exec .venv/bin/python manage.py controller "$@"

@@ -1,4 +1,4 @@
-"""State changes owned by the site app (STYLE point 1): operator settings."""
+"""State changes owned by the site app: operator settings, each with its audit row."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 from django.db import transaction
 
 from accounts import audit, sealing
-from zoomies_site import registry
-from zoomies_site.findings import Finding
+from zoomies_site.core import registry
+from zoomies_site.core.findings import Finding
 from zoomies_site.models import SettingValue
 
 

@@ -6,7 +6,8 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.utils.translation import gettext as _
 
-from zoomies_site import actions, registry
+from zoomies_site import actions
+from zoomies_site.core import registry
 from zoomies_site.models import Lease, SettingValue
 
 SEALED_SHOWN = "••• sealed"

@@ -8,9 +8,9 @@ class ZoomiesSiteConfig(AppConfig):
     verbose_name = "Zoomies"
 
     def ready(self) -> None:
-        from django.core import checks
+        from django.core import checks  # noqa: PLC0415  # in ready(): the apps are loaded
 
-        from zoomies_site.checks import settings_findings
+        from zoomies_site.checks import settings_findings  # noqa: PLC0415  # in ready(): the apps are loaded
 
         # An error finding stops startup (CONF-04).
         checks.register(settings_findings, "zoomies")

@@ -2,7 +2,7 @@
 
 Only error findings are reported here: they are what stops `runserver`, `migrate` and the
 controller command. Warnings would be printed by every management command, so they are
-left to the startup log and the problems drawer, which read `registry.startup_findings()`.
+left to the startup log and the problems drawer (`zoomies_site.problems.config_findings`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,12 @@ from typing import Any
 
 from django.core import checks
 
-from zoomies_site import registry
+from zoomies_site.core import registry
+
+
+def fresh_values() -> registry.Values:
+    registry.reload()
+    return registry.current()
 
 
 def settings_findings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -19,6 +24,6 @@ def settings_findings(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
         checks.Error(
             finding.title, hint=f"{finding.why} {finding.fix}", id=f"zoomies.{finding.key}"
         )
-        for finding in registry.startup_findings()
+        for finding in registry.validate(fresh_values())
         if finding.is_error
     ]

@@ -30,3 +30,22 @@ class Lease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} held by {self.holder or 'nobody'}"
+
+
+class Event(models.Model):
+    """One row of the transactional outbox (EVT-02): a change to announce, written in the
+    same transaction as the change itself, so a rolled-back change is never announced.
+
+    The row names the resource; the frame (its API GET shape, EVT-05) is rendered by the
+    relay when it reads the row, once for every viewer. Overview and problems frames carry
+    their payload, since they describe no single row.
+    """
+
+    kind = models.CharField(max_length=64)
+    resource = models.CharField(max_length=32)
+    resource_id = models.CharField(max_length=64, blank=True)
+    payload = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.kind} {self.resource}:{self.resource_id}"

@@ -8,9 +8,26 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from capacity.problems import capacity_problems
+from runners.findings import live_pool_findings
 from runners.models import Runner
+from runners.problems import runners_problems
 from runners.states import RunnerState
-from zoomies_site import registry
+from zoomies_site.core import dbhealth, registry
+from zoomies_site.core.controller_lock import lease_lost_since
+from zoomies_site.core.findings import Finding
+
+
+def config_findings(*, fresh: bool = False) -> list[Finding]:
+    """The settings' findings and the pools', errors first (CONF-03, CONF-05, SEC-04).
+
+    The problems list reads the process's cached values; `fresh` layers them again first,
+    as startup and the system check do.
+    """
+    if fresh:
+        registry.reload()
+    found = registry.validate() + live_pool_findings()
+    return sorted(found, key=lambda f: not f.is_error)
 
 
 def not_progressing(now: datetime) -> list[dict]:
@@ -39,8 +56,6 @@ def not_progressing(now: datetime) -> list[dict]:
 
 def lease_lost() -> list[dict]:
     """LEASE-07: raised once a renewal found another holder, until a controller starts clean."""
-    from zoomies_site.controller_lock import lease_lost_since
-
     since = lease_lost_since()
     if since is None:
         return []
@@ -58,13 +73,13 @@ def lease_lost() -> list[dict]:
 
 
 def problems(now: datetime) -> list[dict]:
-    from runners.problems import github_problems
-
     found = [
         {"key": f.key, "severity": f.severity, "title": f.title, "detail": f"{f.why} {f.fix}"}
-        for f in registry.startup_findings()
+        for f in config_findings()
     ]
-    found.extend(github_problems(now))
+    found.extend(runners_problems(now))
     found.extend(not_progressing(now))
     found.extend(lease_lost())
+    found.extend(dbhealth.problems())
+    found.extend(capacity_problems(now))
     return found

@@ -11,6 +11,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runners.github.programs import FAKE_RUNNER as FAKE_RUNNER_IMAGE
+from runners.models import Installation, Pool
+
 log = logging.getLogger("zoomies.sandbox")
 
 SANDBOX_ACCOUNT = "sandbox"
@@ -56,7 +59,8 @@ class Sandbox:
 
 
 def start_fake_github(*, webhook_url: str, data_dir: Path) -> Sandbox:
-    from runners.github.fake import FakeGitHub
+    # Only with --sandbox: the fake GitHub is a test double the controller otherwise never loads.
+    from runners.github.fake import FakeGitHub  # noqa: PLC0415
 
     secret = secrets.token_hex(16)
     fake = FakeGitHub(webhook_url=webhook_url, webhook_secret=secret).start()
@@ -79,9 +83,6 @@ def start_fake_github(*, webhook_url: str, data_dir: Path) -> Sandbox:
 
 def seed(sandbox: Sandbox) -> None:
     """The sandbox's installation and pool, pointed at this run's fake (ids change per run)."""
-    from runners.models import Installation, Pool
-    from runners.reconcile import FAKE_RUNNER_IMAGE
-
     Installation.objects.filter(account=SANDBOX_ACCOUNT).exclude(
         github_id=sandbox.installation_id
     ).delete()

@@ -1,34 +1,26 @@
 """Django settings for Zoomies.
 
 Process-level settings only (database, apps, secrets). The operator-facing tunables live in
-the settings registry (`zoomies_site.registry`), which layers defaults, `zoomies.yaml`, the
+the settings registry (`zoomies_site.core.registry`), which layers defaults, `zoomies.yaml`, the
 database and `ZOOMIES_*` environment variables.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from zoomies_site.core.environment import read as env
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
-def _env_or_file(name: str, default: str = "") -> str:
-    """A secret from `NAME`, or from the file `NAME_FILE` names."""
-    value = os.environ.get(name)
-    if value:
-        return value
-    path = os.environ.get(f"{name}_FILE")
-    if path:
-        return Path(path).read_text().strip()
-    return default
-
-
-DATA_DIR = Path(os.environ.get("ZOOMIES_DATA_DIR", BASE_DIR / "var"))
+DATA_DIR = Path(env("ZOOMIES_DATA_DIR") or BASE_DIR / "var")
 
 # Django's own signing key. Generated per data dir when not given, so a fresh clone runs.
-SECRET_KEY = _env_or_file("ZOOMIES_DJANGO_SECRET")
+SECRET_KEY = env("ZOOMIES_DJANGO_SECRET", file=True)
 if not SECRET_KEY:
     _key_file = DATA_DIR / "django-secret"
     try:
@@ -41,21 +33,22 @@ if not SECRET_KEY:
         _key_file.write_text(SECRET_KEY)
         _key_file.chmod(0o600)
 
-DEBUG = os.environ.get("ZOOMIES_DEBUG", "") == "1"
-ALLOWED_HOSTS = [h for h in os.environ.get("ZOOMIES_ALLOWED_HOSTS", "*").split(",") if h]
+DEBUG = env("ZOOMIES_DEBUG") == "1"
+ALLOWED_HOSTS = [h for h in env("ZOOMIES_ALLOWED_HOSTS", "*").split(",") if h]
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "accounts.apps.ZoomiesAdminConfig",  # django.contrib.admin, gated by the Zoomies role
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "django_q",
     "channels",
-    "accounts",
+    "accounts.apps.AccountsConfig",
     "zoomies_site",
     "runners",
     "fleet",
@@ -64,6 +57,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files from STATIC_ROOT (scripts/run.sh runs collectstatic), before any app work;
+    # WhiteNoise made async-capable, so that no middleware here is sync-only (static_files.py).
+    "zoomies_site.static_files.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -103,19 +99,21 @@ def _database_from_url(url: str) -> dict:
         "PASSWORD": unquote(parsed.password or ""),
         "HOST": parsed.hostname or "",
         "PORT": str(parsed.port or ""),
-        # Persistent connections leak under ASGI (DESIGN.md pitfalls).
+        # Persistent connections leak under ASGI: each request's thread would keep its own.
         "CONN_MAX_AGE": 0,
-        "TEST": {"NAME": os.environ.get("ZOOMIES_TEST_DATABASE_NAME", "test_zoomies")},
+        # One per test run (the pid), so two runs sharing a server never share a database;
+        # pytest-django drops it at the end (and adds _gwN per xdist worker).
+        "TEST": {"NAME": env("ZOOMIES_TEST_DATABASE_NAME", f"test_zoomies_{os.getpid()}")},
     }
 
 
-if os.environ.get("ZOOMIES_DATABASE_URL"):
-    DATABASES = {"default": _database_from_url(os.environ["ZOOMIES_DATABASE_URL"])}
+if env("ZOOMIES_DATABASE_URL"):
+    DATABASES = {"default": _database_from_url(env("ZOOMIES_DATABASE_URL"))}
 else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": os.environ.get("ZOOMIES_DB", str(DATA_DIR / "zoomies.db")),
+            "NAME": env("ZOOMIES_DB", str(DATA_DIR / "zoomies.db")),
             "CONN_MAX_AGE": 0,
             "OPTIONS": {
                 # Several writer processes (daphne, django-q2 workers): deferred transactions
@@ -129,9 +127,7 @@ else:
             # timeout) instead of failing on shared-cache table locks.
             # One per test run (the pid), so concurrent runs in one checkout never share it.
             "TEST": {
-                "NAME": os.environ.get(
-                    "ZOOMIES_TEST_DB", str(DATA_DIR / f"test-zoomies-{os.getpid()}.db")
-                )
+                "NAME": env("ZOOMIES_TEST_DB", str(DATA_DIR / f"test-zoomies-{os.getpid()}.db"))
             },
         }
     }
@@ -141,6 +137,13 @@ PASSWORD_HASHERS = [
     "django.contrib.auth.hashers.Argon2PasswordHasher",
     "django.contrib.auth.hashers.PBKDF2PasswordHasher",
 ]
+# Passwords behind the failure counts (accounts/login.py), then OIDC sign-in (accounts/oidc.py).
+AUTHENTICATION_BACKENDS = [
+    "accounts.login.RateLimitedModelBackend",
+    "accounts.oidc.ZoomiesOIDCBackend",
+]
+LOGIN_URL = "admin:login"
+LOGIN_REDIRECT_URL = "/admin/"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -160,14 +163,32 @@ REST_FRAMEWORK = {
         "accounts.api_auth.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # Every route checks the caller's role and a token's scopes (AUTH-03, AUTH-04).
+    "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.RoleAccess"],
+    # One error shape for every route: a `detail` sentence, and bad fields by name.
+    "EXCEPTION_HANDLER": "zoomies_site.api_common.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Zoomies API",
+    "DESCRIPTION": "Pools, runners, jobs, hosts, settings and the event stream.",
+    "VERSION": "1",
+    # The schema is read like any other route: a viewer's session or a fleet:read token.
+    "SERVE_PERMISSIONS": ["accounts.permissions.RoleAccess"],
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "zoomies_site.schema_fixes.add_event_stream",
+        "zoomies_site.api_common.add_error_responses",
+    ],
 }
 
 # django-q2: `retry` must exceed `timeout` and the longest task, or tasks run twice.
 Q_CLUSTER = {
     "name": "zoomies",
     "orm": "default",
-    "workers": int(os.environ.get("ZOOMIES_Q_WORKERS", "2")),
+    "workers": int(env("ZOOMIES_Q_WORKERS", "2")),
     "timeout": 300,
     "retry": 360,
     "max_attempts": 1,
@@ -179,23 +200,58 @@ Q_CLUSTER = {
 }
 
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-if os.environ.get("ZOOMIES_REDIS_URL"):
+if env("ZOOMIES_REDIS_URL"):
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [os.environ["ZOOMIES_REDIS_URL"]]},
+            "CONFIG": {"hosts": [env("ZOOMIES_REDIS_URL")]},
         }
     }
+
+
+class _NotPrintedBelow:
+    """Passes a record only if no stream handler between its logger and the root prints it.
+
+    daphne's CLI gives the root logger a handler before Django starts, and "zoomies" (and
+    the agent command's "fleet.agent") print through their own: without this filter on
+    the root's handler every such line, tracebacks included, was printed twice. Django's
+    own console handler prints only under DEBUG, so its records still reach the root's.
+    """
+
+    def filter(self, record):
+        logger = logging.getLogger(record.name)
+        while logger is not None and logger.parent is not None:
+            for handler in logger.handlers:
+                if (
+                    isinstance(handler, logging.StreamHandler)
+                    and record.levelno >= handler.level
+                    and handler.filter(record)
+                ):
+                    return False
+            logger = logger.parent if logger.propagate else None
+        return True
+
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"not_printed_below": {"()": _NotPrintedBelow}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "root_console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["not_printed_below"],
+        },
+    },
+    # Replaces the handler daphne's CLI put on the root: one line per record.
+    "root": {"handlers": ["root_console"], "level": "WARNING"},
     "loggers": {
-        "zoomies": {"handlers": ["console"], "level": os.environ.get("ZOOMIES_LOG_LEVEL", "INFO")},
+        "daphne": {"level": "INFO"},
+        "zoomies": {"handlers": ["console"], "level": env("ZOOMIES_LOG_LEVEL", "INFO")},
     },
 }
 
 # The zoomies.yaml the settings registry reads (layer 2).
-ZOOMIES_CONFIG_FILE = os.environ.get("ZOOMIES_CONFIG", str(BASE_DIR / "zoomies.yaml"))
+ZOOMIES_CONFIG_FILE = env("ZOOMIES_CONFIG", str(BASE_DIR / "zoomies.yaml"))

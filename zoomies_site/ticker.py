@@ -1,7 +1,7 @@
 """The controller's ticker: enqueues the periodic django-q2 tasks on time.
 
 django-q2's own schedules look only about every 30 s, so they are the slow safety net, not
-the clock (DESIGN.md). `step(now)` does one round and returns what it enqueued; the loop
+the clock. `step(now)` does one round and returns what it enqueued; the loop
 that calls it owns the clock, so tests move time instead of sleeping.
 """
 
@@ -11,6 +11,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+
+from zoomies_site.core import registry
 
 log = logging.getLogger("zoomies.controller")
 
@@ -42,15 +44,13 @@ class Ticker:
         return fired
 
 
-def enqueue(func: str, *args) -> None:
-    from django_q.tasks import async_task
+def enqueue(func: str, *args) -> str:
+    from django_q.tasks import async_task  # noqa: PLC0415  # django-q2's models need the apps loaded
 
-    async_task(func, *args, group=func.rsplit(".", 1)[-1], q_options={"timeout": 300})
+    return async_task(func, *args, group=func.rsplit(".", 1)[-1], q_options={"timeout": 300})
 
 
 def default_ticker(started_at: datetime) -> Ticker:
-    from zoomies_site import registry
-
     def every(key: str) -> Callable[[], timedelta]:
         return lambda: registry.get(key)
 
@@ -70,6 +70,32 @@ def default_ticker(started_at: datetime) -> Ticker:
                 "poll",
                 every("github.poll_interval"),
                 lambda now: enqueue("runners.tasks.poll_task", started_at.isoformat()),
+            ),
+            # Capacity events to an external autoscaler, and the spawn backstop (CAP-18).
+            Periodic(
+                "capacity",
+                every("capacity_demand.interval"),
+                lambda now: enqueue("capacity.tasks.capacity_step_task"),
+            ),
+            # Scheduled backups: the task decides from the newest copy's age whether one is
+            # due, so a restart neither skips nor repeats one (BAK-06).
+            Periodic(
+                "backup",
+                lambda: timedelta(minutes=1),
+                lambda now: (
+                    registry.get("backup.interval")
+                    and enqueue("zoomies_site.backup.tasks.backup_task")
+                ),
+            ),
+            # Failed webhook deliveries asked for again from GitHub's side: a first pass at
+            # start (what failed while the controller was down), then every interval.
+            Periodic(
+                "redelivery",
+                lambda: registry.get("github.redelivery_interval") or timedelta(minutes=1),
+                lambda now: (
+                    registry.get("github.redelivery_interval")
+                    and enqueue("runners.tasks.redelivery_task")
+                ),
             ),
             # The reap decides per installation whether it is due (POLL-10).
             Periodic(

@@ -5,9 +5,20 @@ from __future__ import annotations
 from django.db import connection
 from django.http import JsonResponse
 
+from zoomies_site.core import dbhealth
+
 
 def healthz(request):
-    """Ready when the database answers; the controller waits for this before its agent."""
+    """Ready when the database answers and takes writes; the controller waits for this
+    before its agent. Degraded (503, naming the problem) while the controller finds the
+    database unwritable (issue 11 item 5), first: the controller knows it is riding an
+    outage out, even one in which this process cannot read the database either."""
+    degraded = dbhealth.read()
+    if degraded is not None:
+        return JsonResponse(
+            {"status": "degraded", "problems": dbhealth.problems(), "since": degraded.get("since")},
+            status=503,
+        )
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")

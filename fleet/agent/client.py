@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import ssl
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
+import certifi
 import httpx
 
+from fleet import protocol
 from fleet.agent import AGENT_VERSION
 
-API = "/api/v1/agent"
+API = protocol.API_PREFIX
 DEFAULT_TIMEOUT = 10.0
 # The protocol caps a long-poll at 30 s; the read timeout is the wait plus this margin.
 LONG_POLL_MARGIN = 10.0
-MAX_WAIT = 30
+MAX_WAIT = protocol.MAX_WAIT_SECONDS
+Shape = TypeVar("Shape")
 
 
 class ControllerError(Exception):
@@ -32,59 +36,16 @@ class Unauthorized(ControllerError):
     """401: the join token or the agent token is not (or no longer) valid. Not worth retrying."""
 
 
-@dataclass(frozen=True)
-class JoinAnswer:
-    """What a successful join hands the agent."""
-
-    host_id: int
-    agent_token: str
-    heartbeat_interval: float
-
-
-@dataclass(frozen=True)
-class HeartbeatAnswer:
-    """The interval to sleep before the next heartbeat (HOST-01), and the host's cordon."""
-
-    heartbeat_interval: float
-    cordoned: bool
-
-
-@dataclass(frozen=True)
-class Task:
-    """One task as delivered by the long-poll."""
-
-    id: int
-    kind: str
-    attempt: int | None
-    runner_id: int | None
-    payload: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Task:
-        runner_id = raw.get("runner_id")
-        payload = raw.get("payload") or {}
-        if runner_id is None:
-            runner_id = payload.get("runner_id")
-        attempt = raw.get("attempt")
-        return cls(
-            id=int(raw["id"]),
-            kind=str(raw["kind"]),
-            attempt=int(attempt) if attempt is not None else None,
-            runner_id=int(runner_id) if runner_id is not None else None,
-            payload=dict(payload),
-        )
-
-
-@dataclass(frozen=True)
-class ReportAnswer:
-    """Which runners' reports the controller accepted, and which it refused (RUN-18)."""
-
-    accepted: frozenset[int]
-    refused: frozenset[int]
+# The answers are the protocol's own shapes (fleet/protocol.py), under the names the agent
+# has always used for them.
+JoinAnswer = protocol.JoinAnswer
+HeartbeatAnswer = protocol.HeartbeatAnswer
+Task = protocol.Task
+ReportAnswer = protocol.ReportsAnswer
 
 
 class ControllerClient:
-    """A thin, typed wrapper over httpx for the five protocol calls.
+    """A thin, typed wrapper over httpx for the protocol's calls.
 
     httpx.Client is safe to share between the agent's threads; each call has its own timeout.
     """
@@ -96,6 +57,7 @@ class ControllerClient:
         agent_token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.agent_token = agent_token
@@ -104,6 +66,7 @@ class ControllerClient:
             base_url=self.base_url,
             timeout=timeout,
             transport=transport,
+            verify=tls_context(ca_file),
             headers={"User-Agent": f"zoomies-agent/{AGENT_VERSION}"},
             follow_redirects=False,
         )
@@ -113,27 +76,30 @@ class ControllerClient:
 
     # -- the protocol ---------------------------------------------------------------------
 
-    def join(self, join_token: str, info: dict[str, Any]) -> JoinAnswer:
-        body = {**info, "join_token": join_token}
-        data = self._call("POST", "/join", json=body, auth=False)
-        try:
-            return JoinAnswer(
-                host_id=int(data["host_id"]),
-                agent_token=str(data["agent_token"]),
-                heartbeat_interval=float(data.get("heartbeat_interval") or 30),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ControllerError(f"the join answer is malformed: {exc!r}") from exc
+    def join(
+        self, join_token: str | None, info: Mapping[str, Any], *, claim_code: str | None = None
+    ) -> protocol.JoinAnswer:
+        """`info` is the host's name and facts; the credential is a join token or, for a
+        machine an autoscaler provisioned, the claim code its scale-up event carried. The
+        request is checked against the protocol before it leaves, so a bad fact is the
+        agent's error, not a 400."""
+        credential = {"join_token": join_token} if join_token else {"claim_code": claim_code}
+        body = protocol.JoinRequest.from_json({**info, **credential})
+        data = self._call("POST", "/join", json=body.to_json(), auth=False)
+        return self._read(protocol.JoinAnswer.from_json, data, "join")
 
-    def heartbeat(self, body: dict[str, Any]) -> HeartbeatAnswer:
-        data = self._call("POST", "/heartbeat", json=body)
-        try:
-            interval = float(data["heartbeat_interval"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ControllerError(f"the heartbeat answer has no interval: {exc!r}") from exc
-        return HeartbeatAnswer(heartbeat_interval=interval, cordoned=bool(data.get("cordoned")))
+    def heartbeat(self, body: Mapping[str, Any]) -> protocol.HeartbeatAnswer:
+        request = protocol.HeartbeatRequest.from_json(body)
+        data = self._call("POST", "/heartbeat", json=request.to_json())
+        return self._read(protocol.HeartbeatAnswer.from_json, data, "heartbeat")
 
-    def poll_tasks(self, wait: float) -> list[Task]:
+    def renew_token(self) -> protocol.TokenAnswer:
+        """ESC-06: the next short-lived agent token, asked for with the current one. The
+        caller switches to it (`agent_token`) once it has kept it."""
+        data = self._call("POST", "/token/renew", json={})
+        return self._read(protocol.TokenAnswer.from_json, data, "token renewal")
+
+    def poll_tasks(self, wait: float) -> list[protocol.Task]:
         wait = max(0, min(int(wait), MAX_WAIT))
         data = self._call(
             "GET",
@@ -141,34 +107,60 @@ class ControllerClient:
             params={"wait": wait},
             timeout=httpx.Timeout(self.timeout, read=wait + LONG_POLL_MARGIN),
         )
-        try:
-            return [Task.from_json(raw) for raw in data["tasks"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ControllerError(f"the task list is malformed: {exc!r}") from exc
+        return list(self._read(protocol.TaskList.from_json, data, "task list").tasks)
 
     def post_result(
         self, task_id: int, *, ok: bool, error: str | None, attempt: int | None
     ) -> bool:
         """True when the controller accepted the result; False for 404 (not this host's task,
         TASK-14) or 409 (no longer in flight): both are final, so neither is retried."""
-        body = {"ok": ok, "error": error, "attempt": attempt}
+        if error is not None and len(error) > protocol.MAX_MESSAGE:
+            error = error[: protocol.MAX_MESSAGE - 1] + "…"
+        body = protocol.TaskResult(ok=ok, error=error, attempt=attempt)
         try:
-            data = self._call("POST", f"/tasks/{task_id}/result", json=body)
+            data = self._call("POST", f"/tasks/{task_id}/result", json=body.to_json())
         except ControllerError as exc:
             if exc.status in (404, 409):
                 return False
             raise
-        return bool(data.get("accepted", True))
+        return self._read(protocol.TaskResultAnswer.from_json, data, "result").accepted
 
-    def post_reports(self, reports: list[dict[str, Any]]) -> ReportAnswer:
-        data = self._call("POST", "/reports", json={"reports": reports})
-        try:
-            return ReportAnswer(
-                accepted=frozenset(int(i) for i in data.get("accepted") or []),
-                refused=frozenset(int(i) for i in data.get("refused") or []),
+    def post_reports(
+        self, reports: Sequence[protocol.RunnerReport | Mapping[str, Any]]
+    ) -> protocol.ReportsAnswer:
+        body = protocol.ReportsRequest(
+            reports=tuple(
+                r if isinstance(r, protocol.RunnerReport) else protocol.RunnerReport.from_json(r)
+                for r in reports
             )
-        except (TypeError, ValueError) as exc:
-            raise ControllerError(f"the report answer is malformed: {exc!r}") from exc
+        )
+        data = self._call("POST", "/reports", json=body.to_json())
+        return self._read(protocol.ReportsAnswer.from_json, data, "report")
+
+    def post_inventory(self, runners: Sequence[int], *, complete: bool) -> protocol.InventoryAnswer:
+        """A starting agent's inventory: the runner ids with a workload on this host, and
+        whether every backend could be listed (issue 11 item 3)."""
+        body = protocol.InventoryRequest(runners=tuple(runners), complete=complete)
+        data = self._call("POST", "/inventory", json=body.to_json())
+        return self._read(protocol.InventoryAnswer.from_json, data, "inventory")
+
+    def post_log_chunk(self, stream_id: str, chunk: protocol.LogChunk) -> bool:
+        """LOG-02: one piece of a runner's output; False when nobody watches any more (the
+        stream was cancelled or ended: 404), and the agent stops reading."""
+        try:
+            data = self._call("POST", f"/logs/{stream_id}", json=chunk.to_json())
+        except ControllerError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return self._read(protocol.LogChunkAnswer.from_json, data, "log chunk").open
+
+    @staticmethod
+    def _read(shape: Callable[[Any], Shape], data: dict[str, Any], what: str) -> Shape:
+        try:
+            return shape(data)
+        except protocol.ProtocolError as exc:
+            raise ControllerError(f"the {what} answer is malformed: {exc}") from exc
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -214,12 +206,18 @@ class ControllerClient:
                 raise ControllerUnavailable(message, status=response.status_code)
             raise ControllerError(message, status=response.status_code)
         try:
-            data = response.json()
-        except ValueError as exc:
-            raise ControllerError(f"{method} {url} answered with no JSON body") from exc
-        if not isinstance(data, dict):
-            raise ControllerError(f"{method} {url} answered with a JSON {type(data).__name__}")
-        return data
+            return protocol.loads(response.content)
+        except protocol.ProtocolError as exc:
+            raise ControllerError(f"{method} {url} answered with no JSON object: {exc}") from exc
+
+
+def tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """Verify the controller's certificate against `ca_file` (a PEM bundle, for a controller
+    whose certificate a private CA signed), or against certifi's CAs (httpx's default)."""
+    try:
+        return ssl.create_default_context(cafile=ca_file or certifi.where())
+    except (OSError, ssl.SSLError) as exc:
+        raise ControllerError(f"cannot read the CA bundle {ca_file}: {exc}") from exc
 
 
 def _error_sentence(response: httpx.Response) -> str:
@@ -228,5 +226,5 @@ def _error_sentence(response: httpx.Response) -> str:
     except ValueError:
         return response.text[:200] or response.reason_phrase
     if isinstance(data, dict) and isinstance(data.get("error"), str):
-        return data["error"]
+        return str(data["error"])
     return str(data)[:200]

@@ -1,7 +1,8 @@
 """agent.json: the only thing the agent keeps across a restart (AGENT-21, AGENT-22).
 
 It holds the host id, the agent token, the controller URL and sha256 hashes of the join
-tokens this host has spent, never a join token itself.
+tokens this host has spent, never a join token itself. A token minted from a claim code also
+has when it expires and when the agent renews it (ESC-06), as the agent's own clock reads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fleet.agent.errors import AgentError
 
@@ -43,6 +45,11 @@ class AgentState:
     agent_token: str | None = None
     controller_url: str | None = None
     spent_join_token_hashes: list[str] = field(default_factory=list)
+    agent_token_expires_at: float | None = None  # None: the token does not expire
+    agent_token_renew_at: float | None = None
+
+    def token_expired(self, now: float) -> bool:
+        return self.agent_token_expires_at is not None and self.agent_token_expires_at <= now
 
     def has_credentials_for(self, controller_url: str) -> bool:
         return (
@@ -63,14 +70,19 @@ class AgentState:
         # The spent hashes stay: they are what keeps a deleted host from re-offering its token.
         self.host_id = None
         self.agent_token = None
+        self.agent_token_expires_at = self.agent_token_renew_at = None
 
-    def to_json(self) -> dict:
-        return {
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
             "host_id": self.host_id,
             "agent_token": self.agent_token,
             "controller_url": self.controller_url,
             "spent_join_token_sha256": list(self.spent_join_token_hashes),
         }
+        if self.agent_token_expires_at is not None:  # only a token minted from a claim code
+            data["agent_token_expires_at"] = self.agent_token_expires_at
+            data["agent_token_renew_at"] = self.agent_token_renew_at
+        return data
 
 
 class StateStore:
@@ -96,6 +108,8 @@ class StateStore:
             agent_token=raw.get("agent_token") or None,
             controller_url=raw.get("controller_url") or None,
             spent_join_token_hashes=[str(h) for h in hashes],
+            agent_token_expires_at=_seconds(raw, "agent_token_expires_at", self.path),
+            agent_token_renew_at=_seconds(raw, "agent_token_renew_at", self.path),
         )
 
     def save(self, state: AgentState) -> None:
@@ -114,3 +128,12 @@ class StateStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+
+
+def _seconds(raw: dict[str, Any], key: str, path: Path) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise StateError(f"{path}: {key} must be a number of seconds, not {value!r}")
+    return float(value)

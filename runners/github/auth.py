@@ -1,7 +1,7 @@
 """The credentials a GitHub App sends (ARCH-10): its JWT and its installation tokens.
 
 The App signs a short JWT with its private key and trades it, per installation, for an
-installation token that lasts an hour (NOTES.md section 2). Both are cached, because
+installation token that lasts an hour (GitHub's App authentication). Both are cached, because
 minting costs a signature or a call against the App's quota, and each is replaced a margin
 before it expires so no request leaves with a credential about to lapse in flight.
 

@@ -1,8 +1,8 @@
 """The production GitHub client: a GitHub App and its installations (ARCH-10).
 
 `GitHubApp` holds the App's identity, one `httpx.Client` (so connections are reused), the
-JWT and the installation-token cache; `InstallationClient` is the per-installation view
-the controller uses for runners, registrations and the poller's job listing.
+JWT and the installation-token cache; `InstallationClient` (installation.py) is the
+per-installation view the controller uses for runners, registrations and job listings.
 
 What every call does:
 
@@ -10,11 +10,15 @@ What every call does:
   `User-Agent: zoomies`;
 * counts itself, and the rate-limit headers it saw, against its installation (App-level
   calls made with the JWT count under `None`), so the controller can expose the remaining
-  quota (PEERS.md point 6);
+  quota (20 to 100 runners can use up an installation's 5,000 calls an hour);
 * on a 401 with an installation token, mints a new token and retries once;
 * turns a rate-limit refusal into `RateLimited` carrying `retry_at` as a number (POLL-06),
   or None when GitHub gave no time (POLL-07: the caller's fallback);
-* never puts a token or the JWT into a message or a log line.
+* never puts a token or the JWT into a message or a log line;
+* asks for every page of a list with `If-None-Match` and the ETag GitHub gave for it last
+  time, and takes a 304 as "the page you have": GitHub does not count a 304 against the
+  rate limit, so listing something that has not changed costs nothing (`Listing.changed`
+  says whether anything did).
 
 Base URLs: `https://api.github.com`, or `https://<host>/api/v3` for GHES; paths are
 appended to it as they are, so a path prefix needs nothing special.
@@ -27,12 +31,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -44,6 +48,17 @@ from runners.github.auth import (
     parse_github_time,
 )
 from runners.github.errors import Conflict, GitHubError, NotFound, RateLimited, TransportError
+from runners.github.installation import InstallationClient, JitConfig
+from zoomies_site import metrics
+
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "CallStats",
+    "GitHubApp",
+    "InstallationClient",
+    "JitConfig",
+    "Listing",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,24 +67,29 @@ API_VERSION = "2022-11-28"
 USER_AGENT = "zoomies"
 PER_PAGE = 100  # GitHub's maximum page size.
 MAX_PAGES = 1000  # A guard against a Link header that never ends, not a real limit.
-MAX_RUNNER_NAME = 64  # GitHub's limit; the same number as runners.naming.MAX_RUNNER_NAME.
-MAX_LABELS = 100  # generate-jitconfig takes 1..100 labels.
+# The App's webhook deliveries listed in one call of `hook_deliveries`, at most: 1,000.
+HOOK_DELIVERY_PAGES = 10
 # Below GitHub's secondary limit of 100 concurrent requests, leaving room for other tools.
 MAX_CONNECTIONS = 50
+# Pages remembered with their ETag for conditional requests, least recently used dropped.
+ETAG_CACHE_PAGES = 4096
+# A conditional page's cache key: (installation, URL, sorted query parameters).
+_PageKey = tuple[int | None, str, tuple[tuple[str, Any], ...]]
 _RATE_LIMIT_WORDS = ("rate limit", "abuse detection")
 
 
 @dataclass(frozen=True)
-class JitConfig:
-    """A single-use runner configuration: the runner GitHub registered and its credential.
+class Listing:
+    """Every item of a list endpoint, and whether any page differed from the last answer.
 
-    `encoded_jit_config` is the only thing a runner's environment receives (SEC-05); it is a
-    credential, so it is kept out of the repr.
+    `changed` is False only when GitHub answered 304 Not Modified for every page, which
+    it does not count against the rate limit; the items are then the remembered ones.
     """
 
-    runner_id: int
-    name: str
-    encoded_jit_config: str = field(repr=False)
+    items: list[Any]
+    changed: bool = True
+    charged_calls: int = 0  # Pages answered 200 (counted against the quota).
+    truncated: bool = False  # Stopped at the caller's page limit with more pages left.
 
 
 @dataclass(frozen=True)
@@ -79,6 +99,7 @@ class CallStats:
     calls: int = 0  # Requests that got an answer, whatever its status.
     transport_errors: int = 0  # Requests that got none.
     rate_limited: int = 0  # Answers that were rate-limit refusals.
+    not_modified: int = 0  # 304 answers to conditional requests (not counted by GitHub).
     last_status: int | None = None
     last_call_at: float | None = None
     rate_limit_limit: int | None = None
@@ -120,8 +141,9 @@ def _github_message(response: httpx.Response) -> str:
         body = response.json()
     except ValueError:
         return response.reason_phrase or ""
-    if isinstance(body, dict) and isinstance(body.get("message"), str):
-        return body["message"][:300]
+    message = body.get("message") if isinstance(body, dict) else None
+    if isinstance(message, str):
+        return message[:300]
     return response.reason_phrase or ""
 
 
@@ -134,30 +156,6 @@ def _when(retry_at: float | None, now: float) -> str:
     except (OverflowError, OSError, ValueError):  # A reset no clock can show.
         instant = f"epoch {retry_at:.0f}"
     return f"quota returns at {instant} (in {retry_at - now:.0f} s)"
-
-
-def _q(segment: str) -> str:
-    return quote(segment, safe="")
-
-
-def repo_path(repo: str) -> str:
-    """`/repos/{owner}/{name}` for `owner/name`, each half escaped."""
-    parts = repo.split("/") if isinstance(repo, str) else []
-    if len(parts) != 2 or not all(part.strip() for part in parts):
-        raise ValueError(f"a repository is 'owner/name', not {repo!r}")
-    return f"/repos/{_q(parts[0])}/{_q(parts[1])}"
-
-
-def scope_path(org: str | None, repo: str | None) -> str:
-    """The runner scope: `/orgs/{org}` or `/repos/{owner}/{name}`; exactly one is given."""
-    if (org is None) == (repo is None):
-        raise ValueError("give exactly one of org= or repo=")
-    if org is not None:
-        if not org.strip() or "/" in org:
-            raise ValueError(f"an organisation is a bare login, not {org!r}")
-        return f"/orgs/{_q(org)}"
-    assert repo is not None
-    return repo_path(repo)
 
 
 class GitHubApp:
@@ -187,6 +185,9 @@ class GitHubApp:
         self._jwt = AppJwt(self.app_id, private_key_pem, clock)
         self._tokens = InstallationTokenCache(self._mint_installation_token, clock)
         self._stats: dict[int | None, CallStats] = {}
+        # (installation, URL, query) -> (ETag, page body, next URL): conditional list calls.
+        self._etags: OrderedDict[_PageKey, tuple[str, Any, str | None]] = OrderedDict()
+        self._etags_lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._http = httpx.Client(
             headers={
@@ -209,6 +210,10 @@ class GitHubApp:
 
     def close(self) -> None:
         self._http.close()
+
+    def now(self) -> float:
+        """Epoch seconds on this App's clock (the one rate-limit resets are compared with)."""
+        return self._clock()
 
     def __enter__(self) -> GitHubApp:
         return self
@@ -261,10 +266,53 @@ class GitHubApp:
         path = f"/app/installations/{int(installation_id)}"
         response = self._app_request("GET", path, context_installation=int(installation_id))
         self._expect(response, "GET", path, int(installation_id), 200)
-        return self._body(response, "GET", path, int(installation_id))
+        body = self._body(response, "GET", path, int(installation_id))
+        if not isinstance(body, dict):
+            raise self._shape_error("GET", path, int(installation_id))
+        return body
 
     def for_installation(self, installation_id: int) -> InstallationClient:
         return InstallationClient(self, int(installation_id))
+
+    # -- the App's webhook deliveries (JWT) ----------------------------------------------
+
+    def hook_deliveries(
+        self,
+        *,
+        until: Callable[[list[Any]], bool] | None = None,
+        max_pages: int = HOOK_DELIVERY_PAGES,
+    ) -> Listing:
+        """The App webhook's deliveries, newest first (`GET /app/hook/deliveries`).
+
+        Follows the `Link` header's cursor at 100 a page, each page asked for with its
+        last ETag, and stops after a page for which `until(page)` is true, at the list's
+        end, or after `max_pages` pages (`Listing.truncated`). No `status` filter: GitHub's
+        `failure` is status codes 400-599, and a delivery nothing answered (a timeout, no
+        connection) has status_code 0, in neither range.
+        """
+        return self._listing(
+            lambda url, page_params, headers: self._app_request(
+                "GET", url, params=page_params, headers=headers
+            ),
+            "/app/hook/deliveries",
+            {},
+            key=None,
+            installation_id=None,
+            conditional=True,
+            until=until,
+            page_limit=max_pages,
+        )
+
+    def redeliver_hook_delivery(self, delivery_id: int) -> None:
+        """Ask GitHub to send a delivery again (`POST .../attempts`, 202).
+
+        GitHub sends it under the same `X-GitHub-Delivery` and lists it as a new delivery
+        with `redelivery: true`. NotFound for an unknown id; GitHubError (422) for one
+        GitHub will not redeliver, such as one older than its redelivery window.
+        """
+        path = f"/app/hook/deliveries/{int(delivery_id)}/attempts"
+        response = self._app_request("POST", path)
+        self._expect(response, "POST", path, None, 202)
 
     # -- stats ---------------------------------------------------------------------------
 
@@ -289,6 +337,8 @@ class GitHubApp:
                 "last_status": response.status_code,
                 "last_call_at": now,
             }
+            if response.status_code == 304:
+                changes["not_modified"] = current.not_modified + 1
             for attr, header in (
                 ("rate_limit_limit", "x-ratelimit-limit"),
                 ("rate_limit_remaining", "x-ratelimit-remaining"),
@@ -332,6 +382,7 @@ class GitHubApp:
         error_installation: int | None,
         params: dict[str, Any] | None = None,
         json: Any = None,
+        headers: dict[str, str] | None = None,
     ) -> httpx.Response:
         url = self._url(path_or_url)
         path = httpx.URL(url).path
@@ -343,7 +394,7 @@ class GitHubApp:
                 url,
                 params=params,
                 json=json,
-                headers={"Authorization": f"Bearer {credential}"},
+                headers={**(headers or {}), "Authorization": f"Bearer {credential}"},
             )
         except httpx.TimeoutException as exc:
             failure = (
@@ -359,10 +410,12 @@ class GitHubApp:
             # Raised outside the except block so the error keeps no __context__: httpx's
             # exception holds the request, and the request holds the credential.
             self._record(stats_key, None, started)
+            metrics.github_call(method, path, None)
             raise TransportError(
                 failure, installation_id=error_installation, method=method, path=path
             )
         self._record(stats_key, response, self._clock())
+        metrics.github_call(method, path, response.status_code)
         log.debug(
             "github %s %s -> %s (installation %s)",
             method,
@@ -380,6 +433,7 @@ class GitHubApp:
         params: dict[str, Any] | None = None,
         json: Any = None,
         context_installation: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> httpx.Response:
         """A call made as the App itself, with the JWT; counted under `None`."""
         return self._send(
@@ -390,6 +444,7 @@ class GitHubApp:
             error_installation=context_installation,
             params=params,
             json=json,
+            headers=headers,
         )
 
     def _installation_request(
@@ -400,6 +455,7 @@ class GitHubApp:
         *,
         params: dict[str, Any] | None = None,
         json: Any = None,
+        headers: dict[str, str] | None = None,
     ) -> httpx.Response:
         """A call made with the installation's token; a 401 earns one fresh token and retry."""
         token = self._tokens.get(installation_id)
@@ -411,6 +467,7 @@ class GitHubApp:
             error_installation=installation_id,
             params=params,
             json=json,
+            headers=headers,
         )
         if response.status_code != 401:
             return response
@@ -425,6 +482,7 @@ class GitHubApp:
             error_installation=installation_id,
             params=params,
             json=json,
+            headers=headers,
         )
 
     # -- answers -------------------------------------------------------------------------
@@ -475,7 +533,7 @@ class GitHubApp:
         return GitHubError(text, status=status, **kwargs)
 
     def _rate_limit(self, response: httpx.Response, message: str) -> tuple[bool, float | None]:
-        """Whether a 403/429 is a rate limit, and when the quota returns (NOTES.md section 3).
+        """Whether a 403/429 is a rate limit, and when the quota returns, by GitHub's rules.
 
         In GitHub's order: `retry-after` seconds; else `x-ratelimit-remaining: 0` with
         `x-ratelimit-reset`; else a message that says so (or any 429) with no time at all.
@@ -525,11 +583,41 @@ class GitHubApp:
 
         `key` names the array in a wrapped body (`runners`, `jobs`...); None for a bare array.
         """
+        return self._listing(
+            lambda url, page_params, _headers: call(url, page_params),
+            path,
+            params,
+            key=key,
+            installation_id=installation_id,
+            conditional=False,
+        ).items
+
+    def _listing(
+        self,
+        call: Callable[[str, dict[str, Any] | None, dict[str, str]], httpx.Response],
+        path: str,
+        params: dict[str, Any],
+        *,
+        key: str | None,
+        installation_id: int | None,
+        conditional: bool,
+        until: Callable[[list[Any]], bool] | None = None,
+        page_limit: int | None = None,
+    ) -> Listing:
+        """`_paginate`, each page asked for conditionally when `conditional` (see Listing).
+
+        With `until`, no page is asked for after one for which `until(page)` is true; with
+        `page_limit`, none after that many, and the listing says it was cut short.
+        """
         items: list[Any] = []
         url: str | None = path
         page_params: dict[str, Any] | None = {**params, "per_page": PER_PAGE}
         seen: set[str] = set()
+        changed = not conditional
+        charged = 0
         while url is not None:
+            if page_limit is not None and len(seen) >= page_limit:
+                return Listing(items=items, changed=changed, charged_calls=charged, truncated=True)
             if url in seen or len(seen) >= MAX_PAGES:
                 raise GitHubError(
                     f"GitHub's pages for GET {path} do not end",
@@ -538,178 +626,41 @@ class GitHubApp:
                     path=path,
                 )
             seen.add(url)
-            response = call(url, page_params)
-            self._expect(response, "GET", url, installation_id, 200)
-            body = self._body(response, "GET", url, installation_id)
+            cache_key = (installation_id, url, tuple(sorted((page_params or {}).items())))
+            cached = self._etag_get(cache_key) if conditional else None
+            headers = {"If-None-Match": cached[0]} if cached else {}
+            response = call(url, page_params, headers)
+            if cached is not None and response.status_code == 304:
+                body, following_url = cached[1], cached[2]
+            else:
+                charged += 1
+                changed = True
+                self._expect(response, "GET", url, installation_id, 200)
+                body = self._body(response, "GET", url, installation_id)
+                following = response.links.get("next")
+                # The next link already carries per_page and the filters; not sent twice.
+                following_url = str(response.url.join(following["url"])) if following else None
+                etag = response.headers.get("etag")
+                if conditional and etag:
+                    self._etag_put(cache_key, (etag, body, following_url))
             page = body if key is None else (body.get(key) if isinstance(body, dict) else None)
             if not isinstance(page, list):
                 raise self._shape_error("GET", path, installation_id)
             items.extend(page)
-            following = response.links.get("next")
-            # The next link already carries per_page and the filters; don't send them twice.
-            url = str(response.url.join(following["url"])) if following else None
+            url = None if until is not None and until(page) else following_url
             page_params = None
-        return items
+        return Listing(items=items, changed=changed, charged_calls=charged)
 
+    def _etag_get(self, key: _PageKey) -> tuple[str, Any, str | None] | None:
+        with self._etags_lock:
+            entry = self._etags.get(key)
+            if entry is not None:
+                self._etags.move_to_end(key)
+            return entry
 
-class InstallationClient:
-    """One installation of the App: its runners, registrations, repositories and jobs."""
-
-    def __init__(self, app: GitHubApp, installation_id: int) -> None:
-        self.app = app
-        self.installation_id = installation_id
-
-    def __repr__(self) -> str:
-        return f"<InstallationClient installation_id={self.installation_id} app={self.app!r}>"
-
-    @property
-    def stats(self) -> CallStats:
-        return self.app.stats(self.installation_id)
-
-    def _request(
-        self,
-        method: str,
-        path_or_url: str,
-        *,
-        params: dict[str, Any] | None = None,
-        json: Any = None,
-    ) -> httpx.Response:
-        return self.app._installation_request(
-            self.installation_id, method, path_or_url, params=params, json=json
-        )
-
-    def _call(self, method: str, path: str, ok: int, *, json: Any = None) -> Any:
-        response = self._request(method, path, json=json)
-        self.app._expect(response, method, path, self.installation_id, ok)
-        return self.app._body(response, method, path, self.installation_id)
-
-    def _list(self, path: str, key: str, params: dict[str, Any] | None = None) -> list[Any]:
-        return self.app._paginate(
-            lambda url, page_params: self._request("GET", url, params=page_params),
-            path,
-            params or {},
-            key=key,
-            installation_id=self.installation_id,
-        )
-
-    # -- runners -------------------------------------------------------------------------
-
-    def generate_jitconfig(
-        self,
-        *,
-        org: str | None = None,
-        repo: str | None = None,
-        name: str,
-        labels: list[str],
-        runner_group_id: int = 1,
-        work_folder: str = "_work",
-    ) -> JitConfig:
-        """Register one single-use runner and return its JIT configuration.
-
-        Raises Conflict when a runner of that name exists, and ValueError before any call
-        for a name GitHub would refuse (over 64 characters) or a label list it would.
-        """
-        scope = scope_path(org, repo)
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError("a runner needs a name")
-        if len(name) > MAX_RUNNER_NAME:
-            raise ValueError(
-                f"runner name {name!r} is {len(name)} characters; GitHub allows {MAX_RUNNER_NAME}"
-            )
-        labels = list(labels)
-        if not 1 <= len(labels) <= MAX_LABELS or not all(
-            isinstance(label, str) and label.strip() for label in labels
-        ):
-            raise ValueError(f"a JIT runner takes 1 to {MAX_LABELS} non-empty labels")
-        path = f"{scope}/actions/runners/generate-jitconfig"
-        body = self._call(
-            "POST",
-            path,
-            201,
-            json={
-                "name": name,
-                "runner_group_id": int(runner_group_id),
-                "labels": labels,
-                "work_folder": work_folder,
-            },
-        )
-        try:
-            return JitConfig(
-                runner_id=int(body["runner"]["id"]),
-                name=str(body["runner"]["name"]),
-                encoded_jit_config=str(body["encoded_jit_config"]),
-            )
-        except (KeyError, TypeError, ValueError):
-            raise self.app._shape_error("POST", path, self.installation_id) from None
-
-    def registration_token(
-        self, *, org: str | None = None, repo: str | None = None
-    ) -> tuple[str, datetime]:
-        """A registration token for `config.sh` (non-ephemeral pools) and its expiry."""
-        path = f"{scope_path(org, repo)}/actions/runners/registration-token"
-        body = self._call("POST", path, 201)
-        try:
-            return str(body["token"]), parse_github_time(body["expires_at"])
-        except (KeyError, TypeError, ValueError):
-            raise self.app._shape_error("POST", path, self.installation_id) from None
-
-    def list_runners(self, *, org: str | None = None, repo: str | None = None) -> list[dict]:
-        """Every self-hosted runner registered at the org or repository, all pages."""
-        return self._list(f"{scope_path(org, repo)}/actions/runners", "runners")
-
-    def delete_runner(
-        self, *, org: str | None = None, repo: str | None = None, runner_id: int
-    ) -> str:
-        """Deregister a runner: "deleted", "busy" (422: it has a job) or "gone" (404).
-
-        "busy" is an answer rather than an error: the caller must leave the workload alone
-        (PEERS.md point 3).
-        """
-        path = f"{scope_path(org, repo)}/actions/runners/{int(runner_id)}"
-        response = self._request("DELETE", path)
-        if response.status_code == 204:
-            return "deleted"
-        if response.status_code == 422:
-            return "busy"
-        if response.status_code == 404:
-            return "gone"
-        raise self.app._error(response, "DELETE", path, self.installation_id)
-
-    # -- repositories and jobs -------------------------------------------------------------
-
-    def repositories(self) -> list[str]:
-        """Full names of the repositories this installation can see, all pages."""
-        repos = self._list("/installation/repositories", "repositories")
-        try:
-            return [str(repo["full_name"]) for repo in repos]
-        except (KeyError, TypeError):
-            raise self.app._shape_error(
-                "GET", "/installation/repositories", self.installation_id
-            ) from None
-
-    def list_runs(self, repo: str, status: str) -> list[dict]:
-        """Workflow runs of a repository in one status (GitHub caps a filtered list at 1,000)."""
-        return self._list(f"{repo_path(repo)}/actions/runs", "workflow_runs", {"status": status})
-
-    def list_run_jobs(self, repo: str, run_id: int) -> list[dict]:
-        """The jobs of one run (its latest attempt), all pages."""
-        return self._list(f"{repo_path(repo)}/actions/runs/{int(run_id)}/jobs", "jobs")
-
-    def active_jobs(self, repo: str) -> list[dict]:
-        """Every job of the repository's queued and in-progress runs, once each.
-
-        What the poller needs (architecture: "When webhooks cannot reach you"): the queued
-        jobs to schedule and the running ones that tell it a runner went busy. Jobs of those
-        runs that already finished are included too; the poller filters by `status`.
-        """
-        jobs: dict[int, dict] = {}
-        runs_seen: set[int] = set()
-        for status in ("queued", "in_progress"):
-            for run in self.list_runs(repo, status):
-                # A run can move from queued to in_progress between the two listings.
-                if run["id"] in runs_seen:
-                    continue
-                runs_seen.add(run["id"])
-                for job in self.list_run_jobs(repo, run["id"]):
-                    jobs.setdefault(job["id"], job)
-        return list(jobs.values())
+    def _etag_put(self, key: _PageKey, entry: tuple[str, Any, str | None]) -> None:
+        with self._etags_lock:
+            self._etags[key] = entry
+            self._etags.move_to_end(key)
+            while len(self._etags) > ETAG_CACHE_PAGES:
+                self._etags.popitem(last=False)

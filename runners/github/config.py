@@ -14,9 +14,8 @@ from a later layer (CONF-02: a key file in the environment overrides a key in th
 The cache notices a new key by its SHA-256 or by the key file's identity; the PEM itself is
 never part of the cache key.
 
-One environment name is accepted besides the registry's own:
-`ZOOMIES_GITHUB_WEBHOOK_SECRET` (singular, or `..._FILE`), one more webhook secret, added to
-`github.webhook_secrets` (a list, so a rotation can hold the old and the new).
+`github.webhook_secret` (`ZOOMIES_GITHUB_WEBHOOK_SECRET`, or its `_FILE`) is one more webhook
+secret, added to `github.webhook_secrets` (a list, so a rotation can hold the old and the new).
 """
 
 from __future__ import annotations
@@ -29,38 +28,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from runners.github.client import DEFAULT_BASE_URL, GitHubApp
+from zoomies_site.core import registry
 
 log = logging.getLogger("zoomies.github")
 
-ENV_WEBHOOK_SECRET = "ZOOMIES_GITHUB_WEBHOOK_SECRET"
-ENV_PRIVATE_KEY_FILE = "ZOOMIES_GITHUB_PRIVATE_KEY_FILE"
-DEFAULT_WEBHOOK_MAX_BODY = 25 * 1024 * 1024  # GitHub never sends more (NOTES.md section 1).
+DEFAULT_WEBHOOK_MAX_BODY = 25 * 1024 * 1024  # GitHub's cap: a larger event is never sent.
 
 _lock = threading.Lock()
 _cached: tuple[tuple, GitHubApp] | None = None
 
 
 def _setting(key: str, default=None):
-    from zoomies_site import registry
-
     try:
         value = registry.get(key)
     except KeyError:
         return default
     return default if value is None else value
-
-
-def _env_or_file(name: str) -> str:
-    value = os.environ.get(name, "")
-    if value:
-        return value
-    path = os.environ.get(f"{name}_FILE")
-    if path:
-        try:
-            return Path(path).read_text().strip()
-        except OSError as exc:
-            log.error("%s_FILE names %s, which cannot be read: %s", name, path, exc.strerror)
-    return ""
 
 
 def webhook_secrets() -> list[str]:
@@ -69,7 +52,7 @@ def webhook_secrets() -> list[str]:
     if isinstance(configured, str):
         configured = [configured]
     secrets = [str(s) for s in configured if s]
-    alias = _env_or_file(ENV_WEBHOOK_SECRET)
+    alias = str(_setting("github.webhook_secret", "") or "")
     if alias and alias not in secrets:
         secrets.append(alias)
     return secrets
@@ -85,7 +68,7 @@ def webhook_max_body() -> int:
 
 
 def private_key_file() -> str:
-    return str(_setting("github.private_key_file", "") or os.environ.get(ENV_PRIVATE_KEY_FILE, ""))
+    return str(_setting("github.private_key_file", "") or "")
 
 
 def private_key_pem() -> str:
@@ -95,8 +78,6 @@ def private_key_pem() -> str:
 
 def _pem_outranks_file() -> bool:
     """Whether `github.private_key` comes from the same layer as the key file or a later one."""
-    from zoomies_site import registry
-
     values = registry.current()
     if not values["github.private_key_file"]:
         return True

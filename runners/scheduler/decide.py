@@ -11,20 +11,21 @@ One decision, in order:
    can still take a job, within the cap (SCHED-23..25); then scale-from-zero when no host
    could ever run the pool (SCHED-26), the start backoff (SCHED-22), and placement on the
    eligible host with the most headroom, every pool drawing on one budget (SCHED-05..12).
+
+Every step is about linear in the size of the snapshot: jobs are matched through an index
+of pools by label (`matching.PoolIndex`) and hosts found and ranked through indexes and
+heaps (`placement.HostIndex`), never by a scan of every pool per job or of every host per
+runner; docs/performance.md has the figures.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Protocol
 
-from runners.naming import default_image
-from runners.scheduler.matching import (
-    assign_jobs,
-    describe_requirements,
-    host_accepts_work,
-    host_offers_pool,
-)
+from runners.naming import runner_image
+from runners.scheduler.matching import assign_jobs, describe_requirements
 from runners.scheduler.model import (
     AVAILABLE_STATES,
     FAILED,
@@ -36,6 +37,7 @@ from runners.scheduler.model import (
     DrainRunner,
     FailRunner,
     HostView,
+    JobView,
     Plan,
     PoolBlocked,
     PoolView,
@@ -45,15 +47,34 @@ from runners.scheduler.model import (
     SchedulerSettings,
     Snapshot,
 )
-from runners.scheduler.resources import HostBooks, build_books, fits_empty, pool_charge
+from runners.scheduler.placement import HostIndex, Placed
+from runners.scheduler.resources import HostBooks, build_books
 from runners.scheduler.text import count, duration
 
-# How many hosts a "waits for room" note names before summarising the rest.
-_HOSTS_NAMED = 5
+
+class Hosts(Protocol):
+    """What planning asks of the hosts (`placement.HostIndex`; a plain scan in the tests)."""
+
+    def offering(self, pool: PoolView) -> Sequence[HostView]: ...
+    def capable(self, pool: PoolView) -> Sequence[HostView]: ...
+    def place(self, pool: PoolView, need: int) -> list[Placed]: ...
+    def why_no_room(self, pool: PoolView) -> str: ...
+
+
+JobAssigner = Callable[[Iterable[JobView], Iterable[PoolView]], Mapping[int, tuple[JobView, ...]]]
+HostsFactory = Callable[[Iterable[HostView], Mapping[int, HostBooks]], Hosts]
 
 
 def decide(snapshot: Snapshot) -> Plan:
     """The plan for this snapshot: creates, fails, drains, demand and waits, with reasons."""
+    return decide_with(snapshot, assign_jobs, HostIndex)
+
+
+def decide_with(snapshot: Snapshot, assign: JobAssigner, make_hosts: HostsFactory) -> Plan:
+    """`decide`, with the job matching and the host search given.
+
+    Separate so the tests can run the same decision over plain scans and compare plans.
+    """
     pools_by_id = {pool.id: pool for pool in snapshot.pools}
     fails = provision_timeouts(snapshot, pools_by_id)
     failed_ids = frozenset(fail.runner_id for fail in fails)
@@ -61,7 +82,8 @@ def decide(snapshot: Snapshot) -> Plan:
     drained_ids = frozenset(drain.runner_id for drain in drains)
 
     books = build_books(snapshot.hosts, snapshot.runners, pools_by_id, released=failed_ids)
-    jobs_by_pool = assign_jobs(snapshot.queued_jobs, snapshot.pools)
+    hosts = make_hosts(snapshot.hosts, books)
+    jobs_by_pool = assign(snapshot.queued_jobs, snapshot.pools)
     runners_by_pool: dict[int, list[RunnerView]] = {}
     for runner in snapshot.runners:
         runners_by_pool.setdefault(runner.pool_id, []).append(runner)
@@ -76,7 +98,7 @@ def decide(snapshot: Snapshot) -> Plan:
             snapshot,
             runners_by_pool.get(pool.id, []),
             len(jobs_by_pool.get(pool.id, ())),
-            books,
+            hosts,
             failed_ids,
             drained_ids,
         )
@@ -229,11 +251,11 @@ def _plan_pool(
     snapshot: Snapshot,
     pool_runners: Sequence[RunnerView],
     jobs: int,
-    books: Mapping[int, HostBooks],
+    hosts: Hosts,
     failed_ids: frozenset[int],
     drained_ids: frozenset[int],
 ) -> _PoolOutcome:
-    """Demand, scale-from-zero, backoff and placement for one pool, charging `books`."""
+    """Demand, scale-from-zero, backoff and placement for one pool, charging the books."""
     out = _PoolOutcome()
     live = sum(1 for r in pool_runners if r.state not in TERMINAL_STATES and r.id not in failed_ids)
     available = sum(
@@ -273,9 +295,8 @@ def _plan_pool(
     if need == 0:
         return out
 
-    capable = [h for h in snapshot.hosts if host_offers_pool(h, pool) and fits_empty(pool, h)]
-    if not capable:
-        _no_host_could_run(out, pool, snapshot.hosts, jobs, available, need)
+    if not hosts.capable(pool):
+        _no_host_could_run(out, pool, hosts.offering(pool), jobs, available, need)
         return out
 
     failing_now = sum(1 for r in pool_runners if r.id in failed_ids)
@@ -285,12 +306,12 @@ def _plan_pool(
         return out
 
     try:
-        image = pool.image or default_image(pool.platform, pool.backend)
+        image = runner_image(pool.image, pool.platform, pool.backend, dind=pool.dind)
     except ValueError as exc:
         out.blocked.append(PoolBlocked(pool.id, need, f"{pool.name} cannot start runners: {exc}"))
         return out
 
-    placed = _place(pool, capable, books, need)
+    placed = hosts.place(pool, need)
     if placed:
         details = _demand_text(jobs, pool.warm, available)
         if need < wanted:
@@ -317,85 +338,16 @@ def _plan_pool(
                 need - len(placed),
                 f"{count(need - len(placed), 'more runner')} wanted in {pool.name} "
                 f"{'waits' if need - len(placed) == 1 else 'wait'} for room: "
-                + _why_no_room(pool, capable, books),
+                + hosts.why_no_room(pool),
             )
         )
     return out
 
 
-def _place(
-    pool: PoolView,
-    capable: Sequence[HostView],
-    books: Mapping[int, HostBooks],
-    need: int,
-) -> list[tuple[int, float | None, int | None, str]]:
-    """Place up to `need` runners one by one, each on the host left with most headroom.
-
-    Re-ranking after every placement spreads a burst over the hosts, and charging the
-    shared books makes later pools see what this one took (SCHED-07, SCHED-08).
-    """
-    placed = []
-    for _ in range(need):
-        best: tuple[tuple[float, int, int], HostBooks] | None = None
-        for host in capable:
-            if not host_accepts_work(host):
-                continue
-            host_books = books[host.id]
-            charge = pool_charge(pool.cpus, pool.memory_mb, pool.dind, host)
-            if host_books.shortfall(charge) is not None:
-                continue
-            headroom, slots_after = host_books.headroom_after(charge)
-            # Rounded so float noise never decides between equally loaded hosts.
-            key = (-round(headroom, 9), -slots_after, host.id)
-            if best is None or key < best[0]:
-                best = (key, host_books)
-        if best is None:
-            break
-        host_books = best[1]
-        host = host_books.host
-        charge = pool_charge(pool.cpus, pool.memory_mb, pool.dind, host)
-        host_books.charge(charge)
-        placed.append((host.id, charge.cpus, charge.memory_mb, _placement_text(host_books)))
-    return placed
-
-
-def _placement_text(books: HostBooks) -> str:
-    """Why this host, as the Runners page shows it."""
-    host = books.host
-    parts = [f"{books.free_slots} of {host.capacity} slots"]
-    if host.cpus:
-        parts.append(f"{max(0.0, host.cpus - books.cpus_used):g} of {host.cpus:g} CPUs")
-    if host.memory_mb:
-        parts.append(f"{max(0, host.memory_mb - books.memory_used)} of {host.memory_mb} MB")
-    return f"on {host.name}, the most headroom after placement: {', '.join(parts)} left"
-
-
-def _why_no_room(
-    pool: PoolView, capable: Sequence[HostView], books: Mapping[int, HostBooks]
-) -> str:
-    """Each host that could run the pool, and why it takes nothing now."""
-    reasons = []
-    for host in sorted(capable, key=lambda h: (h.name, h.id)):
-        if not host.healthy:
-            why = "unhealthy"
-        elif host.cordoned:
-            why = "cordoned"
-        elif host.pressure_hold:
-            why = "under CPU or memory pressure"
-        else:
-            charge = pool_charge(pool.cpus, pool.memory_mb, pool.dind, host)
-            why = books[host.id].shortfall(charge) or "no room"
-        reasons.append(f"{host.name} {why}")
-    shown = "; ".join(reasons[:_HOSTS_NAMED])
-    if len(reasons) > _HOSTS_NAMED:
-        shown += f"; and {len(reasons) - _HOSTS_NAMED} more"
-    return shown
-
-
 def _no_host_could_run(
     out: _PoolOutcome,
     pool: PoolView,
-    hosts: Sequence[HostView],
+    offering: Sequence[HostView],
     jobs: int,
     available: int,
     need: int,
@@ -405,7 +357,6 @@ def _no_host_could_run(
     Only the part queued jobs ask for becomes scale-from-zero demand: a warm count alone
     is no reason to rent a machine, so it is a note.
     """
-    offering = [h for h in hosts if host_offers_pool(h, pool)]
     requirements = describe_requirements(pool)
     if offering:
         missing = f"no host offering {requirements} has room for one runner ({_size(pool)})"

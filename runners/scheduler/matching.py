@@ -6,7 +6,7 @@ and the capacity planner ask here rather than comparing labels themselves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from runners.scheduler.model import HostView, JobView, PoolView
 
@@ -50,8 +50,15 @@ def platforms_fit(pool_platform: str | None, host_platform: str | None) -> bool:
     A side that names nothing, or names an OS without an architecture, constrains nothing
     it did not name, so giving either side a platform can only narrow placement.
     """
-    pool_os, pool_arch = parse_platform(pool_platform)
-    host_os, host_arch = parse_platform(host_platform)
+    return parsed_platforms_fit(parse_platform(pool_platform), parse_platform(host_platform))
+
+
+def parsed_platforms_fit(
+    pool_platform: tuple[str | None, str | None], host_platform: tuple[str | None, str | None]
+) -> bool:
+    """`platforms_fit` on platforms already split by `parse_platform`."""
+    pool_os, pool_arch = pool_platform
+    host_os, host_arch = host_platform
     if pool_os and host_os and pool_os != host_os:
         return False
     return not (pool_arch and host_arch and pool_arch != host_arch)
@@ -133,14 +140,62 @@ def assign_jobs(
             j.installation_id or 0,
         ),
     )
+    index = PoolIndex(pool_list)
+    label_sets: dict[tuple[str, ...], frozenset[str]] = {}
     for job in ordered:
         if job.id in seen:
             continue
         seen.add(job.id)
-        pool = pool_for_job(job, pool_list)
+        wanted = label_sets.get(job.labels)
+        if wanted is None:
+            wanted = label_sets[job.labels] = job_label_set(job)
+        pool = index.pool_for(wanted, job.installation_id)
         if pool is not None:
             by_pool.setdefault(pool.id, []).append(job)
     return {pool_id: tuple(found) for pool_id, found in by_pool.items()}
+
+
+class PoolIndex:
+    """`pool_for_job` for many jobs: pools by label, answers cached by label set.
+
+    A job is looked up among the pools that carry its rarest label, not all of them, and
+    jobs asking for the same labels from the same installation share one answer, so
+    assigning J jobs to P pools costs about J, not J * P.
+    """
+
+    def __init__(self, pools: Sequence[PoolView]) -> None:
+        self._labels = [(pool, pool_label_set(pool)) for pool in pools]
+        self._by_label: dict[str, list[tuple[PoolView, frozenset[str]]]] = {}
+        for entry in self._labels:
+            for label in entry[1]:
+                self._by_label.setdefault(label, []).append(entry)
+        self._answers: dict[tuple[frozenset[str], int | None], PoolView | None] = {}
+
+    def pool_for(self, wanted: frozenset[str], installation_id: int | None) -> PoolView | None:
+        """What `pool_for_job` answers for a job with these labels and installation."""
+        key = (wanted, installation_id)
+        if key not in self._answers:
+            self._answers[key] = self._find(wanted, installation_id)
+        return self._answers[key]
+
+    def _find(self, wanted: frozenset[str], installation_id: int | None) -> PoolView | None:
+        if not wanted:
+            return None
+        postings = [self._by_label.get(label, []) for label in wanted]
+        best: tuple[tuple[bool, int, int], PoolView] | None = None
+        for pool, labels in min(postings, key=len):
+            if not wanted <= labels:
+                continue
+            if (
+                pool.installation_id is not None
+                and installation_id is not None
+                and pool.installation_id != installation_id
+            ):
+                continue
+            key = (pool.paused, len(labels - wanted), pool.id)
+            if best is None or key < best[0]:
+                best = (key, pool)
+        return best[1] if best is not None else None
 
 
 def host_offers_pool(host: HostView, pool: PoolView) -> bool:

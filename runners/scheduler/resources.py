@@ -141,6 +141,36 @@ class HostBooks:
             memory_fraction = slot_fraction
         return cpu_fraction + memory_fraction, slots_after
 
+    def rank(self, charge: Charge) -> tuple[float, int] | None:
+        """(-headroom after, -free slots after) for one more runner with this charge, or None
+        when it does not fit: `shortfall` and `headroom_after` in one step, as placement
+        asks it of many hosts (tests/runners/scheduler/reference.py ranks with those two).
+        """
+        host = self.host
+        capacity = host.capacity
+        slots_after = capacity - self.slots_used - 1
+        if slots_after < 0:
+            return None
+        host_cpus, host_memory = host.cpus, host.memory_mb
+        charge_cpus, charge_memory = charge.cpus, charge.memory_mb
+        if host_cpus is not None and charge_cpus:
+            if self.cpus_used + charge_cpus > host_cpus + _EPSILON:
+                return None
+        if host_memory is not None and charge_memory:
+            if self.memory_used + charge_memory > host_memory:
+                return None
+        slot_fraction = slots_after / capacity if capacity > 0 else 0.0
+        if host_cpus:
+            cpu_fraction = (host_cpus - self.cpus_used - (charge_cpus or 0.0)) / host_cpus
+        else:
+            cpu_fraction = slot_fraction
+        if host_memory:
+            memory_fraction = (host_memory - self.memory_used - (charge_memory or 0)) / host_memory
+        else:
+            memory_fraction = slot_fraction
+        # Rounded so float noise never decides between equally loaded hosts.
+        return -round(cpu_fraction + memory_fraction, 9), -slots_after
+
 
 def fits_empty(pool: PoolView, host: HostView) -> bool:
     """Whether one runner of the pool fits the host with nothing else on it."""

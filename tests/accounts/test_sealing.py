@@ -7,6 +7,7 @@ import secrets
 import stat
 
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from accounts import sealing
 from accounts.sealing import SealError, key_source, seal, unseal, unseal_text
@@ -38,7 +39,6 @@ def test_auth07_a_sealed_value_round_trips_and_is_not_the_plaintext(monkeypatch)
 
 
 def test_auth07_the_format_is_a_nonce_then_aes_256_gcm_with_zoomies_v1_bound(monkeypatch):
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     key = secrets.token_bytes(32)
     _use_key(monkeypatch, key.hex())

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 
+from accounts.migrations import __path__ as migrations_path
 from accounts.models import User
 
 
 def test_auth01_the_user_model_is_ours_from_the_first_migration():
-    from accounts.migrations import __path__ as migrations_path
 
     assert get_user_model() is User
     first = (__import__("pathlib").Path(migrations_path[0]) / "0001_initial.py").read_text()

@@ -32,7 +32,7 @@ def e2e(tmp_path, request):
     )
     fake.webhook_url = f"{controller.url}/webhooks/github"
     yield controller, fake
-    controller.stop()
+    controller.drop_database()  # stops it first
     fake.stop()
     kill_leftovers(str(data_dir))
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:

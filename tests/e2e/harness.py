@@ -7,19 +7,32 @@ with a token minted by `manage.py create_token`, exactly as a script would.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psycopg
+
+from tests import postgres_databases
 
 ROOT = Path(__file__).resolve().parents[2]
 MANAGE = str(ROOT / "manage.py")
+
+
+# The migrated database (with the e2e user's token) that each controller starts from, made
+# once per process and per database kind: a migrate and a create_token in child processes
+# cost seconds of CPU, and every end-to-end test used to pay them.
+_TEMPLATES: dict[str, tuple[str, str]] = {}
 
 
 def free_port() -> int:
@@ -73,12 +86,19 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, every: 
 
 
 class Controller:
-    """A controller child process over its own data dir and SQLite (or PostgreSQL) database."""
+    """A controller child process over its own data dir and SQLite (or PostgreSQL) database.
 
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None):
+    `ca` (a PEM file) means the controller serves HTTPS (its env sets server.tls_*), and the
+    harness verifies it against that CA.
+    """
+
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None, ca: Path | None = None):
         self.data_dir = data_dir
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
+        self.verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=str(ca)) if ca else True
+        )
         self.env = {
             **os.environ,
             "ZOOMIES_DATA_DIR": str(data_dir),
@@ -91,21 +111,17 @@ class Controller:
         }
         # A PostgreSQL run of the suite gives each controller its own database.
         if os.environ.get("ZOOMIES_DATABASE_URL"):
-            self.env["ZOOMIES_DATABASE_URL"] = self._fresh_postgres(data_dir.name)
+            self.env["ZOOMIES_DATABASE_URL"] = self._fresh_postgres()
         self.log_path = data_dir / "controller.log"
         self.process: subprocess.Popen | None = None
         self.token = ""
 
     @staticmethod
-    def _fresh_postgres(suffix: str) -> str:
-        import psycopg
-
-        base = os.environ["ZOOMIES_DATABASE_URL"]
-        name = "zoomies_e2e_" + "".join(c for c in suffix.lower() if c.isalnum())[-20:]
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            conn.execute(f'CREATE DATABASE "{name}"')
-        return base.rsplit("/", 1)[0] + "/" + name
+    def _fresh_postgres() -> str:
+        """A database of this controller's own, named for this process (tests/
+        postgres_databases.py), so two runs sharing one server never meet; it is dropped by
+        `drop_database`, or at the latest when the session ends."""
+        return postgres_databases.create(os.environ["ZOOMIES_DATABASE_URL"])
 
     def manage(self, *args: str, check: bool = True) -> str:
         done = subprocess.run(
@@ -117,38 +133,113 @@ class Controller:
         return done.stdout.strip()
 
     def prepare(self) -> None:
-        """Migrate and mint the API token, once, before rows are added or the controller runs."""
+        """A migrated database with the e2e user's API token, once, before rows are added or
+        the controller runs: a copy of this process's template (the same migrations and
+        token, made once; `manage.py migrate` and `create_token` ran there, for real)."""
         if self.token:
             return
-        self.manage("migrate", "--verbosity", "0")
-        self.token = self.manage(
+        postgres = "ZOOMIES_DATABASE_URL" in self.env
+        kind = "postgresql" if postgres else "sqlite"
+        if kind not in _TEMPLATES:
+            _TEMPLATES[kind] = self._make_template(postgres)
+        source, self.token = _TEMPLATES[kind]
+        if postgres:
+            name = self.env["ZOOMIES_DATABASE_URL"].rsplit("/", 1)[1]
+            with psycopg.connect(os.environ["ZOOMIES_DATABASE_URL"], autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE "{name}"')
+                conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{source}"')
+        else:
+            shutil.copyfile(source, self.env["ZOOMIES_DB"])
+
+    def _make_template(self, postgres: bool) -> tuple[str, str]:
+        where = Path(tempfile.mkdtemp(prefix="zoomies-e2e-template-"))
+        atexit.register(shutil.rmtree, where, True)
+        env = {**self.env, "ZOOMIES_DATA_DIR": str(where), "ZOOMIES_DB": str(where / "t.db")}
+        if postgres:
+            env["ZOOMIES_DATABASE_URL"] = self._fresh_postgres()
+        template = Controller.__new__(Controller)
+        template.env = env
+        template.manage("migrate", "--verbosity", "0")
+        token = template.manage(
             "create_token", "--user", "e2e", "--create-user", "--scope", "fleet:read",
             "--scope", "fleet:write",
         ).splitlines()[-1]  # fmt: skip
+        source = env["ZOOMIES_DATABASE_URL"].rsplit("/", 1)[1] if postgres else env["ZOOMIES_DB"]
+        return source, token
 
-    def start(self, *extra: str) -> Controller:
+    def start(self, *extra: str, run_script: bool = False, ready: bool = True) -> Controller:
+        """`manage.py controller`, or with `run_script` the README's `scripts/run.sh`; with
+        `ready` false it returns at once, for a start the test watches itself."""
         self.prepare()
+        self._keep_previous_log()
         log = self.log_path.open("w")
+        command = [str(ROOT / "scripts" / "run.sh")] if run_script else [
+            sys.executable, MANAGE, "controller"
+        ]  # fmt: skip
         self.process = subprocess.Popen(
-            [sys.executable, MANAGE, "controller", "--bind", f"127.0.0.1:{self.port}", *extra],
+            [*command, "--bind", f"127.0.0.1:{self.port}", *extra],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
             start_new_session=True,
         )  # fmt: skip
-        wait_for(self._ready, 60, f"the controller on {self.url} (log: {self.log_path})")
+        if ready:
+            wait_for(self._ready, 60, f"the controller on {self.url} (log: {self.log_path})")
         return self
+
+    def _keep_previous_log(self) -> None:
+        """Move an earlier process's log aside (controller.1.log, .2, ...) so that a test
+        which restarts the controller, a kill drill above all, keeps every process's log;
+        `log()` and `log_path` stay the running one's."""
+        if not self.log_path.exists() or not self.log_path.stat().st_size:
+            return
+        n = 1
+        while (kept := self.log_path.with_name(f"controller.{n}.log")).exists():
+            n += 1
+        self.log_path.rename(kept)
 
     def _ready(self) -> bool:
         if self.process and self.process.poll() is not None:
             raise AssertionError(f"the controller exited early:\n{self.log()}")
-        return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+        response = httpx.get(f"{self.url}/healthz", timeout=2, verify=self.verify)
+        return response.status_code == 200
 
     def api(self, path: str, method: str = "GET", **kwargs):
         response = httpx.request(
             method, f"{self.url}/api/v1/{path}",
-            headers={"Authorization": f"Bearer {self.token}"}, timeout=10, **kwargs,
+            headers={"Authorization": f"Bearer {self.token}"}, timeout=10, verify=self.verify,
+            **kwargs,
         )  # fmt: skip
         response.raise_for_status()
-        return response.json()
+        body = response.json()
+        # A list answers in cursor pages: follow them, so callers see every row.
+        while isinstance(body, dict) and "results" in body and method == "GET":
+            rows = list(body["results"])
+            if not body.get("next"):
+                return rows
+            more = httpx.get(
+                body["next"], headers={"Authorization": f"Bearer {self.token}"}, timeout=10,
+                verify=self.verify,
+            )  # fmt: skip
+            more.raise_for_status()
+            body = {**more.json(), "results": rows + more.json()["results"]}
+        return body
+
+    def reconcile_passes(self) -> int:
+        """How many reconcile passes the controller has finished (its /metrics count)."""
+        response = httpx.get(
+            f"{self.url}/metrics", headers={"Authorization": f"Bearer {self.token}"},
+            timeout=10, verify=self.verify,
+        )  # fmt: skip
+        response.raise_for_status()
+        for line in response.text.splitlines():
+            if line.startswith("zoomies_reconcile_pass_seconds_count"):
+                return int(float(line.split()[-1]))
+        return 0
+
+    def wait_reconcile_passes(self, count: int = 2, timeout: float = 60) -> None:
+        """Wait until `count` more reconcile passes have finished: after it, whatever the
+        state before the call woke has been acted on (a barrier instead of a sleep)."""
+        target = self.reconcile_passes() + count
+        wait_for(lambda: self.reconcile_passes() >= target, timeout, f"{count} reconcile passes")
 
     def log(self) -> str:
         try:
@@ -176,3 +267,11 @@ class Controller:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
+
+    def drop_database(self) -> None:
+        """Stop the controller and drop its PostgreSQL database, for a test that is done
+        with it (stop alone keeps it: a test may start the controller again on its rows)."""
+        self.stop()
+        url = self.env.get("ZOOMIES_DATABASE_URL")
+        if url and os.environ.get("ZOOMIES_DATABASE_URL"):
+            postgres_databases.drop(os.environ["ZOOMIES_DATABASE_URL"], url.rsplit("/", 1)[1])

@@ -1,12 +1,11 @@
 """Fixtures for the controller side of the agent protocol: registry, hosts, runners, HTTP.
 
 Nothing is autouse (tests/fleet/agent/ shares this directory's conftest): a module asks
-for `fleet_registry` itself.
+for `registry_defaults` itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import count
@@ -17,7 +16,6 @@ import pytest
 from fleet import actions
 from fleet.models import Host
 from runners.models import Pool, Runner
-from zoomies_site import registry
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 FACTS = {
@@ -32,17 +30,6 @@ FACTS = {
     "disk_free_mb": 50_000,
 }
 _serial = count(1)
-
-
-@pytest.fixture
-def fleet_registry(settings, tmp_path, monkeypatch) -> Iterator[None]:
-    """The registry's defaults only: no zoomies.yaml, no ZOOMIES_* from the environment."""
-    settings.ZOOMIES_CONFIG_FILE = str(tmp_path / "absent-zoomies.yaml")
-    for setting in registry.SETTINGS.values():
-        monkeypatch.delenv(setting.env, raising=False)
-    registry.reload()
-    yield
-    registry.reload()
 
 
 def join(name: str = "", *, now: datetime = T0, **facts) -> tuple[Host, str]:

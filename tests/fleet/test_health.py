@@ -4,17 +4,21 @@ with its live runners failed and a running job marked the fleet's failure (HOST-
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from accounts.models import AuditLog
 from fleet import actions
-from fleet.health import check_host_health, housekeeping_step
+from fleet import health as health_module
+from fleet.health import check_host_health, judge_host
 from fleet.models import Host
 from fleet.selectors import hosts_for_scheduling
+from runners.housekeeping import fleet_step as housekeeping_step
 from runners.models import Job
 from tests.fleet.conftest import T0, join, later, make_runner
 
-pytestmark = pytest.mark.usefixtures("fleet_registry")
+pytestmark = pytest.mark.usefixtures("registry_defaults")
 
 
 def health(host: Host) -> str:
@@ -126,7 +130,6 @@ def test_housekeeping_step_runs_the_ladder_and_the_task_sweep():
 def heartbeat_after_the_listing(monkeypatch, host: Host, at) -> None:
     """Record a heartbeat for `host` right after the tick first looks at its listed row:
     the race a real heartbeat wins between the listing and the judgement."""
-    from fleet import health as health_module
 
     real = health_module.silent_since
     fired = []
@@ -175,9 +178,6 @@ def test_host03_a_heartbeat_landing_after_the_tick_read_the_host_keeps_it_health
 def test_host04_judging_a_stale_row_rereads_the_host_before_losing_it():
     """HOST-04: the per-host judgement handed the row as the tick listed it, with a heartbeat
     recorded since, decides from the fresh row: no move and no failed runner."""
-    from datetime import timedelta
-
-    from fleet.health import judge_host
 
     host, _ = join("h1")
     actions.record_heartbeat(host=host, facts={}, now=T0)

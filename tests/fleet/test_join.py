@@ -9,6 +9,7 @@ import time
 from datetime import timedelta
 from io import StringIO
 
+import httpx
 import pytest
 from django.core.management import call_command
 from django.db import OperationalError, connection
@@ -21,7 +22,7 @@ from fleet.selectors import hash_secret
 from runners.models import Job, Runner
 from tests.fleet.conftest import FACTS, T0, join, make_runner
 
-pytestmark = pytest.mark.usefixtures("fleet_registry")
+pytestmark = pytest.mark.usefixtures("registry_defaults")
 
 
 def new_join_token(**kw) -> str:
@@ -159,7 +160,6 @@ def test_host06_a_rejoined_lost_host_is_healthy_again():
 
 @pytest.mark.django_db(transaction=True)
 def test_join_answers_400_for_bad_json_or_a_bad_name_and_405_for_get(agent_api):
-    import httpx
 
     bad = httpx.post(agent_api.base + "join", content=b"{nope", timeout=10)
     assert bad.status_code == 400 and "error" in bad.json()

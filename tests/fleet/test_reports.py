@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from fleet import actions
 from fleet.models import AgentTask
-from runners.models import Runner
+from runners.actions import JobUpdate, apply_agent_reports, apply_job_update
+from runners.models import Job, Runner
 from tests.fleet.conftest import T0, join, later, make_runner
 
-pytestmark = pytest.mark.usefixtures("fleet_registry")
+pytestmark = pytest.mark.usefixtures("registry_defaults")
 
 
 def report(agent_api, token: str, *reports: dict) -> dict:
@@ -61,7 +61,7 @@ def test_run16_a_running_phase_never_moves_an_idle_or_busy_runner():
     idle = make_runner(host, "idle")
     provisioning = make_runner(host, "provisioning")
     for runner in (busy, idle, provisioning):
-        actions.apply_reports(
+        apply_agent_reports(
             host=host, reports=[{"runner_id": runner.pk, "phase": "running"}], now=later(5)
         )
         before = runner.state
@@ -76,7 +76,7 @@ def test_run15_a_failed_end_stores_the_message_and_exit_code():
     AgentTask.objects.create(
         host=host, runner=runner, kind="stop_runner", lease_seconds=600, created_at=T0
     )
-    accepted, refused = actions.apply_reports(
+    accepted, refused = apply_agent_reports(
         host=host,
         reports=[
             {
@@ -146,7 +146,6 @@ def test_a_malformed_report_body_is_400_and_an_unknown_state_refused(agent_api):
 def job_started_early(runner: Runner, github_id: int = 41):
     """GitHub's in_progress for `runner`, delivered while it is still provisioning: busy is
     not reachable from provisioning, so the move is dropped and only the job row keeps it."""
-    from runners.actions import JobUpdate, apply_job_update
 
     job = apply_job_update(
         JobUpdate(
@@ -173,7 +172,7 @@ def test_run16_hook05_an_early_in_progress_makes_the_runner_busy_once_it_is_regi
     runner = make_runner(host, "provisioning")
     job = job_started_early(runner)
 
-    actions.apply_reports(
+    apply_agent_reports(
         host=host, reports=[{"runner_id": runner.pk, "state": "registering"}], now=later(5)
     )
     runner.refresh_from_db()
@@ -190,7 +189,7 @@ def test_run16_an_early_in_progress_is_not_undone_by_the_running_phase():
     runner = make_runner(host, "provisioning")
     job_started_early(runner)
 
-    actions.apply_reports(
+    apply_agent_reports(
         host=host,
         reports=[{"runner_id": runner.pk, "state": "registering", "phase": "running"}],
         now=later(5),
@@ -198,7 +197,7 @@ def test_run16_an_early_in_progress_is_not_undone_by_the_running_phase():
     runner.refresh_from_db()
     assert runner.state == "busy"
     # The running phase reported again changes nothing.
-    actions.apply_reports(
+    apply_agent_reports(
         host=host, reports=[{"runner_id": runner.pk, "phase": "running"}], now=later(7)
     )
     runner.refresh_from_db()
@@ -208,7 +207,6 @@ def test_run16_an_early_in_progress_is_not_undone_by_the_running_phase():
 @pytest.mark.django_db
 def test_run16_without_a_started_job_a_running_runner_is_idle():
     """RUN-16: only a GitHub signal makes a runner busy; a completed job is no such signal."""
-    from runners.models import Job
 
     host, _ = join("h1")
     runner = make_runner(host, "provisioning")
@@ -220,7 +218,7 @@ def test_run16_without_a_started_job_a_running_runner_is_idle():
         created_at=T0,
         updated_at=T0,
     )
-    actions.apply_reports(
+    apply_agent_reports(
         host=host,
         reports=[{"runner_id": runner.pk, "state": "registering", "phase": "running"}],
         now=later(5),

@@ -20,7 +20,8 @@ from fleet.models import Host
 from runners.github.client import GitHubApp
 from runners.github.fake.server import FakeGitHub
 from runners.models import Installation, Pool, Runner
-from zoomies_site import registry
+from zoomies_site.core import registry
+from zoomies_site.metrics import RECONCILE_WAKES
 
 WEBHOOK_SECRET = "It's a Secret to Everybody"
 _names = count(1)
@@ -51,21 +52,9 @@ class GitHubSettings:
 
 
 @pytest.fixture
-def github_settings(settings, tmp_path, monkeypatch):
-    """An isolated settings registry (no zoomies.yaml, no ZOOMIES_* from outside)."""
-    from runners.github import config
-
-    settings.ZOOMIES_CONFIG_FILE = str(tmp_path / "absent-zoomies.yaml")
-    for setting in registry.SETTINGS.values():
-        monkeypatch.delenv(setting.env, raising=False)
-        monkeypatch.delenv(f"{setting.env}_FILE", raising=False)
-    monkeypatch.delenv(config.ENV_WEBHOOK_SECRET, raising=False)
-    monkeypatch.delenv(f"{config.ENV_WEBHOOK_SECRET}_FILE", raising=False)
-    registry.reload()
-    config.clear_cache()
-    yield GitHubSettings(monkeypatch)
-    registry.reload()
-    config.clear_cache()
+def github_settings(registry_defaults, monkeypatch):
+    """The registry's defaults (the root `registry_defaults`), with a `github.*` setter."""
+    return GitHubSettings(monkeypatch)
 
 
 class FakeClock:
@@ -197,3 +186,8 @@ def finish_job(fake: FakeGitHub, session: str, job_id: int, conclusion: str = "s
         timeout=5,
     )
     answer.raise_for_status()
+
+
+def wakes_asked() -> float:
+    """How many times the reconcile pass has been asked to wake (its Prometheus counter)."""
+    return RECONCILE_WAKES.labels("asked")._value.get()

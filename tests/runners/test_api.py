@@ -78,21 +78,22 @@ def test_the_get_shapes_list_what_the_rows_say(live_server, tokens):
         github_id=5, repository="acme/app", labels=["self-hosted"], status="queued",
         created_at=T0, updated_at=T0,
     )  # fmt: skip
-    runners = call(live_server, "GET", "runners", tokens["read"]).json()
+    runners = call(live_server, "GET", "runners", tokens["read"]).json()["results"]
     assert runners[0]["name"] == "zoomies-a-1-x"
     assert runners[0]["pool"] == "zoomies-a" and runners[0]["host"] == "zoomies-h"
-    hosts = call(live_server, "GET", "hosts", tokens["read"]).json()
+    hosts = call(live_server, "GET", "hosts", tokens["read"]).json()["results"]
     assert hosts[0]["runners"] == 1 and hosts[0]["capacity"] == 3
-    jobs = call(live_server, "GET", "jobs?status=queued", tokens["read"]).json()
+    jobs = call(live_server, "GET", "jobs?status=queued", tokens["read"]).json()["results"]
     assert [j["github_id"] for j in jobs] == [5]
 
 
 def test_poll04_the_problems_list_says_when_the_fleet_runs_on_polling_alone(live_server, tokens):
+    """POLL-04, EVT-07: running on polling alone is a problem under github.polling_only."""
     now = datetime.now(UTC)
     Installation.objects.create(
         github_id=1, account="acme", last_polled_at=now - timedelta(seconds=5)
     )
-    problems = call(live_server, "GET", "problems", tokens["read"]).json()
+    problems = call(live_server, "GET", "problems", tokens["read"]).json()["results"]
     polling = [p for p in problems if p["key"] == "github.polling_only"]
     assert polling and "polling alone" in polling[0]["title"]
 
@@ -100,6 +101,8 @@ def test_poll04_the_problems_list_says_when_the_fleet_runs_on_polling_alone(live
 def test_sched18_runners_not_online_at_half_the_provision_timeout_are_a_problem(
     live_server, tokens
 ):
+    """SCHED-18, EVT-07: runners not online in time are a problem under
+    runners.not_progressing, naming them."""
     now = datetime.now(UTC)
     pool = Pool.objects.create(name="zoomies-a", backend="process")
     Runner.objects.create(
@@ -110,7 +113,7 @@ def test_sched18_runners_not_online_at_half_the_provision_timeout_are_a_problem(
         name="zoomies-a-2-fresh", pool=pool, state="provisioning",
         created_at=now - timedelta(minutes=9), state_changed_at=now,
     )  # fmt: skip
-    problems = call(live_server, "GET", "problems", tokens["read"]).json()
+    problems = call(live_server, "GET", "problems", tokens["read"]).json()["results"]
     stuck = [p for p in problems if p["key"] == "runners.not_progressing"]
     assert stuck and "zoomies-a-1-slow" in stuck[0]["detail"]
     assert "zoomies-a-2-fresh" not in stuck[0]["detail"]

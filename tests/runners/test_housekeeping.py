@@ -8,11 +8,12 @@ from datetime import timedelta
 
 import pytest
 
-from fleet.actions import apply_reports, record_heartbeat, record_task_result
+from fleet.actions import record_heartbeat, record_task_result
 from fleet.models import AgentTask
 from fleet.taskqueue import take_tasks
+from runners.actions import apply_agent_reports as apply_reports
+from runners.actions import fail_runner
 from runners.housekeeping import housekeeping_step, reap_removed_runners
-from runners.lifecycle import fail_runner
 from runners.models import Runner
 from tests.fleet.conftest import T0, join, later, make_runner
 

@@ -12,7 +12,8 @@ import pytest
 from django.utils import timezone
 
 from fleet.models import AgentTask
-from runners import wake
+from runners.github import config
+from runners.github.client import GitHubApp
 from runners.models import Installation, Job
 from runners.poller import poll_step, webhook_fresh_window
 from runners.problems import github_problems
@@ -23,7 +24,9 @@ from tests.runners.conftest import (
     make_host,
     make_runner,
     register,
+    wakes_asked,
 )
+from zoomies_site.core import registry
 
 LABELS = ["self-hosted", "linux"]
 
@@ -72,7 +75,7 @@ def test_poll01_the_poller_alone_records_the_queued_jobs(fake, sweep, clock):
     first = fake.queue_job("acme/app", LABELS)
     second = fake.queue_job("acme/lib", LABELS, name="test")
     assert all(d["status_code"] is None for d in fake.deliveries)  # no webhook reached us
-    wakes = wake.wake_count
+    wakes = wakes_asked()
 
     report = sweep()
 
@@ -85,7 +88,7 @@ def test_poll01_the_poller_alone_records_the_queued_jobs(fake, sweep, clock):
     assert jobs[second].repository == "acme/lib" and jobs[second].labels == LABELS
     acme.refresh_from_db()
     assert acme.last_polled_at == clock.now()
-    assert wake.wake_count == wakes + 1
+    assert wakes_asked() == wakes + 1
 
 
 @pytest.mark.django_db
@@ -99,7 +102,6 @@ def test_poll01_an_installation_without_a_repository_list_is_asked_for_one(fake,
 
 @pytest.mark.django_db
 def test_poll01_poll_fallback_is_on_by_default_and_off_means_no_calls(fake, sweep, _isolated):
-    from zoomies_site import registry
 
     assert registry.get("github.poll_fallback") is True
     install(fake, "acme", ("app",))
@@ -111,14 +113,17 @@ def test_poll01_poll_fallback_is_on_by_default_and_off_means_no_calls(fake, swee
 
 
 @pytest.mark.django_db
-def test_a_second_sweep_changes_nothing_and_wakes_nothing(fake, sweep):
-    install(fake, "acme", ("app",))
+def test_a_second_sweep_changes_nothing_wakes_nothing_and_costs_no_quota(fake, sweep):
+    acme = install(fake, "acme", ("app",))
     fake.queue_job("acme/app", LABELS)
     assert sweep().changed
-    wakes = wake.wake_count
+    wakes, used = wakes_asked(), fake.quota_used(acme.github_id)
     again = sweep()
-    assert again.jobs_seen == 1 and not again.changed
-    assert wake.wake_count == wakes
+    assert again.jobs_seen == 0 and again.runs_listed == 0 and not again.changed
+    assert wakes_asked() == wakes
+    # Both run lists were asked for again, conditionally, and answered 304: not counted.
+    assert fake.quota_used(acme.github_id) == used
+    assert [a[3] for a in fake.answers[-2:]] == [304, 304]
 
 
 @pytest.mark.django_db
@@ -185,11 +190,14 @@ def test_poll02_a_job_running_on_someone_elses_runner_is_not_ours_to_record(fake
 
 
 @pytest.mark.django_db
-def test_poll02_a_known_queued_job_taken_by_another_runner_stops_being_demand(fake, app, sweep):
+def test_poll02_a_known_queued_job_taken_by_another_runner_stops_being_demand(
+    fake, app, sweep, clock
+):
     acme = install(fake, "acme", ("app",))
     job_id = fake.queue_job("acme/app", LABELS, duration=600)
     sweep()
     assert Job.objects.get(github_id=job_id).status == "queued"
+    clock.advance(1)  # GitHub's updated_at has whole seconds
     go_online(fake, register(app, acme, "their-build-box"))
     assert fake.job(job_id)["status"] == "in_progress"
     sweep()
@@ -206,7 +214,8 @@ def test_poll03_an_installation_whose_webhooks_arrive_is_skipped_the_other_still
     hooked = install(fake, "hooked", ("app",))
     silent = install(fake, "silent", ("app",))
     Installation.objects.filter(pk=hooked.pk).update(
-        last_webhook_at=clock.now() - timedelta(minutes=2)
+        last_webhook_at=clock.now() - timedelta(minutes=2),
+        last_polled_at=clock.now() - timedelta(minutes=1),  # its safety sweep is not due
     )
     fake.queue_job("hooked/app", LABELS)
     silent_job = fake.queue_job("silent/app", LABELS)
@@ -399,7 +408,6 @@ def test_a_sweep_uses_the_configured_app_by_default(fake, configured, clock):
 
 @pytest.mark.django_db
 def test_the_app_is_cached_and_rebuilt_when_its_configuration_changes(fake, configured, _isolated):
-    from runners.github import config
 
     first = config.get_app()
     assert first is not None and first.base_url == fake.url and first.app_id == fake.app_id
@@ -411,3 +419,237 @@ def test_the_app_is_cached_and_rebuilt_when_its_configuration_changes(fake, conf
     assert config.get_app().app_id == fake.app_id + 1
     _isolated.set(app_id=0)
     assert config.get_app() is None
+
+
+# -- the safety sweep and its budget (issue 8 item 5) -------------------------------------------
+
+
+def _run_job_lists(fake, installation: Installation) -> list[str]:
+    return [p for m, p in calls_for(fake, installation) if p.endswith("/jobs")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_poll03_a_dropped_queued_delivery_amid_flowing_webhooks_is_found_by_the_safety_sweep(
+    fake, sweep, clock, live_server, _isolated
+):
+    """POLL-03: webhooks keep arriving, so the installation is never polled in full, yet the
+    one job whose `queued` delivery GitHub dropped is found within the safety interval."""
+    secret = "sweep-secret"
+    _isolated.set(webhook_secrets=secret)
+    fake.webhook_url, fake.webhook_secret = f"{live_server.url}/webhooks/github", secret
+    acme = install(fake, "acme", ("app",))
+    interval = timedelta(minutes=2)
+    assert _isolated and interval == timedelta(minutes=2)  # github.safety_sweep_interval
+    delivered = 0
+
+    def webhook_job() -> int:
+        nonlocal delivered
+        job = fake.queue_job("acme/app", LABELS)
+        delivered += 1
+        assert fake.wait_deliveries(delivered)[-1]["status_code"] == 200
+        return job
+
+    webhook_job()
+    dropped_at = None
+    found_at = None
+    for step in range(24):  # 20 s apart: a steady flow for eight minutes
+        clock.advance(20)
+        webhook_job()
+        if step == 5:
+            fake.set_delivery(drop=True)
+            lost = fake.queue_job("acme/app", LABELS)
+            delivered += 1
+            fake.set_delivery()
+            dropped_at = clock.now()
+        report = sweep()
+        assert report.polled == []  # webhooks are arriving: never the full poll
+        if found_at is None and Job.objects.filter(github_id=lost if dropped_at else 0).exists():
+            found_at = clock.now()
+            assert report.safety_swept == [acme.github_id]
+    assert dropped_at is not None and found_at is not None, "the dropped job was never found"
+    assert found_at - dropped_at <= interval
+    assert Job.objects.get(github_id=lost).source == "poll"
+    # Only the unknown run's jobs were listed: the 25 runs webhooks told us of cost nothing.
+    assert len(_run_job_lists(fake, acme)) == 1
+
+
+@pytest.mark.django_db
+def test_poll05_a_burst_of_180_queued_runs_costs_bounded_calls(fake, sweep, clock):
+    """POLL-05: 180 queued runs, no webhook, a sweep every 5 s for ten minutes: each run's
+    jobs are listed once, and the unchanged lists answer 304, which GitHub does not count."""
+    acme = install(fake, "acme", ("app",))
+    for _ in range(180):
+        fake.queue_job("acme/app", LABELS)
+    for _ in range(120):
+        sweep()
+        clock.advance(5)
+    assert Job.objects.filter(status="queued").count() == 180
+    # 180 run job lists, the queued list's two pages and the in-progress list's one, once;
+    # the old poller listed every run's jobs on every sweep (21,600 calls: four hours' quota).
+    assert len(_run_job_lists(fake, acme)) == 180
+    assert fake.quota_used(acme.github_id) <= 180 + 3 + 1  # + the token mint's refresh slack
+
+
+@pytest.mark.django_db
+def test_poll05_with_webhooks_arriving_a_burst_of_180_costs_only_the_list_pages(fake, sweep, clock):
+    """POLL-05: when webhooks told us of every run, a safety sweep lists no run's jobs."""
+    acme = install(fake, "acme", ("app",))
+    for _ in range(180):
+        fake.queue_job("acme/app", LABELS)
+    sweep()  # learns them, as the webhooks would have
+    Installation.objects.filter(pk=acme.pk).update(last_webhook_at=clock.now())
+    mark, lists = len(fake.answers), len(_run_job_lists(fake, acme))
+    for _ in range(30):  # an hour of safety sweeps
+        clock.advance(120)
+        Installation.objects.filter(pk=acme.pk).update(last_webhook_at=clock.now())
+        assert sweep().safety_swept == [acme.github_id]
+    assert len(_run_job_lists(fake, acme)) == lists
+    answers = [a for a in fake.answers[mark:] if a[2] == acme.github_id]
+    # Two conditional calls a sweep, one per page of the queued list (180 runs, 100 a page),
+    # each answered 304, which GitHub does not count against the hour.
+    assert len(answers) == 30 * 2
+    assert {a[3] for a in answers} == {304}
+
+
+@pytest.mark.django_db
+def test_poll05_the_sweep_stops_at_its_share_of_the_hourly_quota(fake, sweep, clock, _isolated):
+    """POLL-05: past `github.sweep_budget` of X-RateLimit-Limit the sweep makes no call; the
+    rest of the hour is left for runners, and the next window sweeps again."""
+    _isolated.set(sweep_budget="0.25")
+    acme = install(fake, "acme", ("app",))
+    job = fake.queue_job("acme/app", LABELS)
+    fake.spend_quota(acme.github_id, 1300)  # others spent 26% of 5,000 this hour
+    report = sweep()
+    assert acme.github_id in report.over_budget
+    assert "github.sweep_budget" in report.over_budget[acme.github_id]
+    assert len(calls_for(fake, acme)) == 1  # one call to learn the quota, then nothing
+    assert not Job.objects.exists()
+    again = sweep()
+    assert acme.github_id in again.over_budget and len(calls_for(fake, acme)) == 1
+    clock.advance(3600)  # the window resets
+    sweep()
+    assert Job.objects.get().github_id == job
+
+
+@pytest.mark.django_db
+def test_poll03_a_job_that_joins_a_known_queued_run_with_its_delivery_dropped_is_found(
+    fake, sweep, clock
+):
+    """POLL-03: a run the webhooks told us of gains a job whose `queued` was dropped; the
+    run's `updated_at` moves, so the safety sweep lists that run's jobs, and only that."""
+    acme = install(fake, "acme", ("app",))
+    first = fake.queue_job("acme/app", LABELS)
+    other = fake.queue_job("acme/app", LABELS)
+    sweep()  # as the webhooks would have: both runs' jobs are known
+    Installation.objects.filter(pk=acme.pk).update(
+        last_webhook_at=clock.now(), last_polled_at=clock.now()
+    )
+    clock.advance(125)
+    Installation.objects.filter(pk=acme.pk).update(last_webhook_at=clock.now())
+    assert sweep().safety_swept == [acme.github_id]  # meets the known runs, lists none
+    lists = len(_run_job_lists(fake, acme))
+    clock.advance(5)
+    joined = fake.queue_job("acme/app", LABELS, run_id=fake.job(first)["run_id"])
+    clock.advance(120)
+    Installation.objects.filter(pk=acme.pk).update(last_webhook_at=clock.now())
+    assert sweep().safety_swept == [acme.github_id]
+    assert Job.objects.get(github_id=joined).status == "queued"
+    listed = _run_job_lists(fake, acme)[lists:]
+    assert listed == [f"/repos/acme/app/actions/runs/{fake.job(first)['run_id']}/jobs"]
+    assert fake.job(other)["run_id"] != fake.job(first)["run_id"]
+
+
+def _webhooks_flowing(installation: Installation, clock) -> None:
+    """As if another delivery of this installation had just arrived: the safety-sweep mode."""
+    Installation.objects.filter(pk=installation.pk).update(last_webhook_at=clock.now())
+
+
+@pytest.mark.django_db
+def test_poll02_a_lost_in_progress_and_completed_amid_flowing_webhooks_are_made_good(
+    fake, app, sweep, clock
+):
+    """POLL-02 (issue 11 item 2): webhooks keep arriving, so only safety sweeps run, yet a
+    job whose `in_progress` and then `completed` deliveries were lost converges with GitHub
+    within one safety interval each: the open job's run is asked after."""
+    acme = install(fake, "acme", ("app",))
+    host = make_host()
+    runner = make_runner(state="idle", installation=acme, host=host)
+    job_id = fake.queue_job("acme/app", LABELS, duration=600)
+    _webhooks_flowing(acme, clock)
+    assert sweep().safety_swept == [acme.github_id]
+    assert Job.objects.get(github_id=job_id).status == "queued"
+    # The runner takes the job; the in_progress delivery never reaches us (silent fake).
+    session = go_online(fake, register(app, acme, runner.name))
+    assert fake.job(job_id)["status"] == "in_progress"
+    clock.advance(125)
+    _webhooks_flowing(acme, clock)
+    report = sweep()
+    assert report.safety_swept == [acme.github_id] and report.polled == []
+    job = Job.objects.get(github_id=job_id)
+    assert (job.status, job.runner_id) == ("in_progress", runner.pk)
+
+    finish_job(fake, session, job_id)  # and the completed delivery is lost too
+    clock.advance(125)
+    _webhooks_flowing(acme, clock)
+    assert sweep().safety_swept == [acme.github_id]
+    job.refresh_from_db()
+    assert (job.status, job.conclusion) == ("completed", "success")
+    runner.refresh_from_db()
+    assert runner.state == "draining"
+    # Bounded: one run listing per sweep for the one open job, no more.
+    assert len(_run_job_lists(fake, acme)) <= 3
+
+
+@pytest.mark.django_db
+def test_poll05_a_restarted_controller_lists_only_the_runs_that_changed_while_it_was_down(
+    fake, app, clock, django_capture_on_commit_callbacks
+):
+    """POLL-05 (issue 11 item 9): the memory of listed runs outlives the process. A new
+    process (its own client, no ETags, its first sweep a full one) lists the run queued while
+    it was down and asks after the job cancelled meanwhile, not the 180 runs it knew."""
+    acme = install(fake, "acme", ("app",))
+    jobs = [fake.queue_job("acme/app", LABELS) for _ in range(180)]
+    with django_capture_on_commit_callbacks(execute=True):
+        poll_step(clock.now(), app=app, clock=clock)
+    assert len(_run_job_lists(fake, acme)) == 180
+    app.close()  # the controller dies; meanwhile one job is queued and another cancelled
+    clock.advance(30)
+    joined = fake.queue_job("acme/app", LABELS)
+    fake.cancel_job(jobs[7])
+    mark = len(_run_job_lists(fake, acme))
+    restarted = GitHubApp(fake.app_id, fake.private_key_pem, fake.url, clock=clock)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            report = poll_step(clock.now(), app=restarted, clock=clock, started_at=clock.now())
+    finally:
+        restarted.close()
+    assert report.polled == [acme.github_id]
+    listed = _run_job_lists(fake, acme)[mark:]
+    runs = {fake.job(j)["run_id"] for j in (joined, jobs[7])}
+    assert sorted(listed) == sorted(f"/repos/acme/app/actions/runs/{r}/jobs" for r in runs)
+    assert Job.objects.get(github_id=joined).status == "queued"
+    assert Job.objects.get(github_id=jobs[7]).status == "completed"
+
+
+@pytest.mark.django_db
+def test_poll02_a_sweep_its_budget_stops_half_way_has_made_a_lost_completed_good_first(
+    fake, app, sweep, clock, _isolated
+):
+    """POLL-02, POLL-05: the open jobs' runs are asked after before unknown runs are listed,
+    so a sweep with three calls of its share left still makes a lost `completed` good."""
+    _isolated.set(sweep_budget="0.25")
+    acme = install(fake, "acme", ("app",))
+    runner = make_runner(state="idle", installation=acme, host=make_host())
+    job_id = fake.queue_job("acme/app", LABELS)
+    _webhooks_flowing(acme, clock)
+    sweep()
+    session = go_online(fake, register(app, acme, runner.name))
+    finish_job(fake, session, job_id)  # its in_progress and completed deliveries are lost
+    unknown = [fake.queue_job("acme/app", ["self-hosted", "gpu"]) for _ in range(5)]
+    fake.spend_quota(acme.github_id, 1250 - 3 - fake.quota_used(acme.github_id))
+    clock.advance(125)
+    _webhooks_flowing(acme, clock)
+    report = sweep()
+    assert acme.github_id in report.over_budget
+    assert Job.objects.get(github_id=job_id).status == "completed"
+    assert Job.objects.filter(github_id__in=unknown).count() < len(unknown)

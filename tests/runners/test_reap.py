@@ -95,7 +95,7 @@ def test_poll11_only_an_unexplained_idle_zoomies_registration_is_removed(fake, a
 
 @pytest.mark.django_db
 def test_poll11_a_delete_github_answers_busy_is_left_alone(fake, app, clock, started):
-    """The list said idle, then the runner took a job: the 422 wins (PEERS.md point 3)."""
+    """The list said idle, then the runner took a job: the 422 wins."""
     acme = install(fake, "acme", ("app",))
     jit = register(app, acme, "zoomies-linux-x64-racer")
 

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import io
 import threading
 from datetime import UTC, datetime, timedelta
+from io import StringIO
 
 import pytest
-from django.db import connections
+from django.core.management import call_command
+from django.db import OperationalError, connections
+from django_q.models import OrmQ
 
 from fleet.models import AgentTask, Host
-from runners import reconcile
+from fleet.taskqueue import wire_payload
+from runners import reconcile, wake
+from runners.actions import apply_agent_reports, drain_runner
 from runners.github import config as github_config
 from runners.github.fake import FakeGitHub
+from runners.github.fake.runner import FakeRunner, decode_jit_config
+from runners.github.programs import FAKE_RUNNER
 from runners.models import Installation, Job, Pool, Runner
-from zoomies_site import leases, registry
+from runners.scheduler import DrainRunner, FailRunner, Plan
+from runners.tasks import reconcile_task
+from tests.runners.conftest import wakes_asked
+from zoomies_site.core import leases, registry
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -48,7 +59,7 @@ def fleet_rows(fake_gh):
         labels=["linux", "x64"],
         backend="process",
         platform="linux/x64",
-        image=reconcile.FAKE_RUNNER_IMAGE,
+        image=FAKE_RUNNER,
         max_runners=5,
     )
     host = Host.objects.create(
@@ -92,6 +103,30 @@ def test_sched16_a_pass_writes_runner_rows_with_their_create_tasks(fake_gh, flee
         assert task.payload["command"][-1] == "runners.github.fake.runner"
     registered = {r["name"] for r in fake_gh.runners(installation.github_id)}
     assert registered == {r.name for r in runners}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sched16_a_credential_whose_runner_row_cannot_be_written_is_deregistered_at_once(
+    fake_gh, fleet_rows, monkeypatch
+):
+    """SCHED-16: the JIT configuration is minted before the row is written. When the write
+    fails (another process held SQLite's write lock past the busy timeout, seen in
+    tests/e2e/test_drills_webhook.py) no agent task will ever start that runner: its
+    registration is deleted at GitHub at once, not left there for the reap."""
+    installation, _pool, _host = fleet_rows
+    queue_jobs(installation, 1)
+
+    def locked(new, **kwargs):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(reconcile, "create_runner", locked)
+    report = reconcile.reconcile_once(T0)
+    assert Runner.objects.count() == 0
+    assert [c for c in fake_gh.calls if c[1].endswith("/generate-jitconfig")]
+    assert fake_gh.runners(installation.github_id) == []
+    (skipped,) = report.skipped
+    assert "could not write the runner row: database is locked" in skipped
+    assert "its registration was deleted at GitHub" in skipped
 
 
 @pytest.mark.django_db(transaction=True)
@@ -192,10 +227,6 @@ def test_a_pool_without_an_installation_or_app_skips_with_a_reason(fleet_rows, m
 
 def _start_fake_runner(task):
     """Run the runner a create task describes, in a thread, as the agent would."""
-    import io
-
-    from fleet.taskqueue import wire_payload
-    from runners.github.fake.runner import FakeRunner, decode_jit_config
 
     # The row holds it sealed (AUTH-07); the agent receives it as the long-poll serves it.
     config = decode_jit_config(wire_payload(task)["env"]["ACTIONS_RUNNER_INPUT_JITCONFIG"])
@@ -210,7 +241,6 @@ def test_sched20_a_drain_planned_from_a_stale_snapshot_never_touches_a_busy_runn
     fake_gh, fleet_rows
 ):
     """SCHED-20, SCHED-21: the runner turned busy after the snapshot; the drain is dropped."""
-    from runners.scheduler import DrainRunner, Plan
 
     installation, pool, _host = fleet_rows
     Pool.objects.filter(pk=pool.pk).update(idle_timeout=timedelta(minutes=5))
@@ -228,7 +258,6 @@ def test_sched20_a_drain_planned_from_a_stale_snapshot_never_touches_a_busy_runn
 
 @pytest.mark.django_db(transaction=True)
 def test_sched17_a_runner_that_came_online_since_the_snapshot_is_not_failed(fake_gh, fleet_rows):
-    from runners.scheduler import FailRunner, Plan
 
     installation, _pool, _host = fleet_rows
     queue_jobs(installation, 1)
@@ -245,7 +274,7 @@ def test_sched17_a_runner_that_came_online_since_the_snapshot_is_not_failed(fake
 def test_sched21_scale_down_deregisters_at_github_first_and_leaves_a_runner_github_calls_busy(
     fake_gh, fleet_rows
 ):
-    """SCHED-21, SCHED-20 (PEERS 3): the idle drain asks GitHub first; a 422 "busy" wins."""
+    """SCHED-21, SCHED-20: the idle drain asks GitHub first; a 422 "busy" wins."""
     installation, pool, _host = fleet_rows
     Pool.objects.filter(pk=pool.pk).update(idle_timeout=timedelta(minutes=5))
     queue_jobs(installation, 2)
@@ -280,7 +309,6 @@ def test_sched21_scale_down_deregisters_at_github_first_and_leaves_a_runner_gith
 
 @pytest.mark.django_db(transaction=True)
 def test_run11_draining_a_busy_runner_gives_it_the_drain_grace(fleet_rows):
-    from runners.lifecycle import drain_runner
 
     _installation, pool, host = fleet_rows
     runner = Runner.objects.create(
@@ -304,9 +332,8 @@ def test_a_process_pool_never_runs_an_arbitrary_image_as_a_command(fake_gh, flee
 
 @pytest.mark.django_db(transaction=True)
 def test_sched27_a_wake_during_the_last_round_is_handed_to_a_fresh_pass(fake_gh, fleet_rows):
-    from runners import wake
 
-    before = wake.wake_count
+    before = wakes_asked()
     original = reconcile.reconcile_once
 
     def always_woken(now):
@@ -319,15 +346,12 @@ def test_sched27_a_wake_during_the_last_round_is_handed_to_a_fresh_pass(fake_gh,
     finally:
         reconcile.reconcile_once = original
     assert len(reports) == 3
-    assert wake.wake_count == before + 1
+    assert wakes_asked() == before + 1
     assert leases.holder_of(reconcile.LEASE_NAME)[0] == ""
 
 
 @pytest.mark.django_db(transaction=True)
 def test_sched27_reconcile_once_command_runs_one_pass_and_says_what_it_did(fake_gh, fleet_rows):
-    from io import StringIO
-
-    from django.core.management import call_command
 
     installation, _pool, _host = fleet_rows
     queue_jobs(installation, 1)
@@ -339,7 +363,6 @@ def test_sched27_reconcile_once_command_runs_one_pass_and_says_what_it_did(fake_
 
 @pytest.mark.django_db(transaction=True)
 def test_sched27_the_django_q2_task_runs_a_pass(fake_gh, fleet_rows):
-    from runners.tasks import reconcile_task
 
     installation, _pool, _host = fleet_rows
     queue_jobs(installation, 2)
@@ -349,9 +372,6 @@ def test_sched27_the_django_q2_task_runs_a_pass(fake_gh, fleet_rows):
 @pytest.mark.django_db(transaction=True)
 def test_hook04_a_burst_of_wakes_enqueues_one_pass_until_that_pass_starts():
     """HOOK-04, SCHED-27: wakes coalesce; one that lands once the pass started is kept."""
-    from django_q.models import OrmQ
-
-    from runners import wake
 
     for _ in range(20):
         wake.wake_reconcile()
@@ -360,3 +380,80 @@ def test_hook04_a_burst_of_wakes_enqueues_one_pass_until_that_pass_starts():
     wake.wake_reconcile()
     wake.wake_reconcile()
     assert OrmQ.objects.count() == 2
+
+
+def _deletes_of(fake: FakeGitHub, runner: Runner) -> list[tuple]:
+    """The DELETEs of this runner's registration that GitHub was asked for."""
+    suffix = f"/actions/runners/{runner.github_runner_id}"
+    return [c for c in fake.calls if c[0] == "DELETE" and c[1].endswith(suffix)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sched21_an_idle_drain_github_calls_busy_backs_off_until_the_next_reap(fake_gh, fleet_rows):
+    """SCHED-21 (issue 8 item 7): GitHub answers 422 "busy" to the idle drain's DELETE, so
+    the runner has a job we have not heard of. It is asked once, not on every pass: the
+    drain waits for that job's end (which drains an ephemeral runner anyway) or for the
+    reap interval, when it is asked again."""
+    installation, pool, _host = fleet_rows
+    Pool.objects.filter(pk=pool.pk).update(idle_timeout=timedelta(minutes=5))
+    queue_jobs(installation, 1)
+    reconcile.reconcile_now(now_fn=lambda: T0)
+    runner = Runner.objects.get()
+    Runner.objects.filter(pk=runner.pk).update(state="idle", state_changed_at=T0)
+    Job.objects.all().delete()  # the job this runner takes at GitHub is one we never heard of
+    fake_runner, thread = _start_fake_runner(AgentTask.objects.get(runner=runner))
+    try:
+        job_id = fake_gh.queue_job(repo="acme/app", labels=["self-hosted"], duration=60)
+        fake_gh.wait_job(job_id, "in_progress", timeout=10)
+        first = T0 + timedelta(minutes=6)
+        # A pass every 5 s for 90 s, as the ticker and the wakes would run them.
+        for second in range(0, 90, 5):
+            now = first + timedelta(seconds=second)
+            Host.objects.update(last_heartbeat_at=now)
+            reconcile.reconcile_now(now_fn=lambda now=now: now)
+        assert len(_deletes_of(fake_gh, runner)) == 1
+        runner.refresh_from_db()
+        assert runner.state == "idle"
+        assert runner.drain_deferred_until == first + registry.get("github.reap_interval")
+
+        retry = runner.drain_deferred_until
+        Host.objects.update(last_heartbeat_at=retry)
+        reconcile.reconcile_now(now_fn=lambda: retry)
+        assert len(_deletes_of(fake_gh, runner)) == 2  # asked again once the wait is over
+    finally:
+        fake_runner.stop()
+        thread.join(5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sched21_a_runner_drained_for_idleness_that_exits_0_stands_for_no_job(fake_gh, fleet_rows):
+    """Issue 8 item 7: a runner whose registration GitHub deleted while it was idle ran no
+    job after it, so its clean exit is not an unlinked exit (scheduler.unlinked_exit_grace)
+    and the next queued job in its pool gets a runner on the next pass."""
+
+    installation, pool, host = fleet_rows
+    Pool.objects.filter(pk=pool.pk).update(idle_timeout=timedelta(minutes=5))
+    queue_jobs(installation, 1)
+    reconcile.reconcile_now(now_fn=lambda: T0)
+    idle = Runner.objects.get()
+    Runner.objects.filter(pk=idle.pk).update(state="idle", state_changed_at=T0)
+    Job.objects.all().delete()
+
+    drained_at = T0 + timedelta(minutes=6)
+    Host.objects.update(last_heartbeat_at=drained_at)
+    reconcile.reconcile_now(now_fn=lambda: drained_at)
+    idle.refresh_from_db()
+    assert idle.state == "draining"
+    assert idle.name not in {r["name"] for r in fake_gh.runners(installation.github_id)}
+
+    exited = drained_at + timedelta(seconds=5)
+    report = {"runner_id": idle.pk, "state": "removed", "phase": "exited", "exit_code": 0}
+    apply_agent_reports(host=host, reports=[report], now=exited)
+    idle.refresh_from_db()
+    assert (idle.state, idle.exit_code) == ("removed", 0)
+
+    queue_jobs(installation, 1, start=2)
+    following = exited + timedelta(seconds=5)  # well inside the unlinked-exit grace
+    Host.objects.update(last_heartbeat_at=following)
+    reconcile.reconcile_now(now_fn=lambda: following)
+    assert Runner.objects.exclude(pk=idle.pk).filter(state="provisioning").count() == 1

@@ -10,6 +10,7 @@ from django.db import IntegrityError, connection
 
 from accounts.models import AuditLog
 from runners.models import Pool, Runner
+from runners.scheduler import model
 from runners.states import DRAWN_EDGES, LIVE_STATES, RUNNER_TRANSITIONS, RunnerState
 from runners.transitions import transition_runner
 
@@ -156,7 +157,6 @@ def test_every_transition_writes_an_audit_row(pool):
 def test_run01_the_scheduler_spells_the_runner_states_as_the_model_does():
     """The scheduler cannot import the model's TextChoices (SCHED-01), so its copies of the
     state names are pinned here to the one source."""
-    from runners.scheduler import model
 
     names = {
         model.PROVISIONING, model.REGISTERING, model.IDLE, model.BUSY, model.DRAINING,

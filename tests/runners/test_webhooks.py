@@ -19,10 +19,10 @@ from django.urls import reverse
 
 from accounts.models import AuditLog
 from fleet.models import AgentTask
-from runners import wake
+from runners.github.config import get_app
 from runners.models import Installation, Job, Runner, WebhookDelivery
 from runners.webhooks import sign, signature_matches
-from tests.runners.conftest import WEBHOOK_SECRET, make_host, make_runner
+from tests.runners.conftest import WEBHOOK_SECRET, make_host, make_runner, wakes_asked
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "github" / "webhooks"
 URL = "/webhooks/github"
@@ -315,7 +315,7 @@ def test_an_unknown_event_is_recorded_and_acknowledged(post):
 
 @pytest.mark.django_db
 def test_a_queued_action_with_status_waiting_is_taken_as_queued(post):
-    """NOTES.md section 1: `action: queued` with `status: waiting`; the action wins."""
+    """GitHub can send `action: queued` with `status: waiting`; the action wins."""
     payload = job_payload("queued")
     payload["workflow_job"]["status"] = "waiting"
     assert post(payload).status_code == 200
@@ -347,7 +347,7 @@ def test_hook02_a_redelivery_under_the_same_id_changes_nothing(live_server, acme
     acme.refresh_from_db()
     seen_at = acme.last_webhook_at
     before = row_counts()
-    wakes = wake.wake_count
+    wakes = wakes_asked()
     # Even a body that would move the job, if it came under the same delivery id.
     for body in (first, encode(job_payload("completed"))):
         again = httpx.post(
@@ -361,7 +361,7 @@ def test_hook02_a_redelivery_under_the_same_id_changes_nothing(live_server, acme
     assert Job.objects.get(github_id=4242).status == "queued"
     acme.refresh_from_db()
     assert acme.last_webhook_at == seen_at
-    assert wake.wake_count == wakes
+    assert wakes_asked() == wakes
 
 
 # -- HOOK-03: order ------------------------------------------------------------------------------
@@ -391,7 +391,7 @@ def test_hook05_in_progress_makes_the_named_runner_busy_and_links_the_job(post, 
     runner = make_runner(name="zoomies-linux-x64-5", state="idle", host=make_host())
     assert post(job_payload("queued", runner_name=runner.name)).status_code == 200
     job = Job.objects.get(github_id=4242)
-    assert job.runner_id is None  # a queued job is never linked (PEERS.md point 2)
+    assert job.runner_id is None  # a queued job is never linked
     assert post(job_payload("in_progress", runner_name=runner.name)).status_code == 200
     job.refresh_from_db()
     runner.refresh_from_db()
@@ -420,6 +420,26 @@ def test_hook06_completed_ends_the_job_and_starts_removing_its_ephemeral_runner(
     stop = AgentTask.objects.get(runner=runner)
     assert (stop.kind, stop.host_id, stop.state) == ("stop_runner", host.pk, "pending")
     assert Runner.objects.get(pk=runner.pk).state == "draining"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("state", ["idle", "registering"])
+def test_hook06_a_completed_whose_in_progress_was_lost_lets_its_runner_exit_by_itself(
+    post, acme, state
+):
+    """Issue 11 item 9 (the deliveries drill): the `in_progress` was dropped, so the runner
+    still reads idle when `completed` names it. It ran the job and is exiting by itself: it
+    gets a busy runner's drain grace, not a stop at once, which killed it mid-exit (code
+    143), failed it, and the pool's start backoff then held the burst back for minutes."""
+    host = make_host()
+    runner = make_runner(name="zoomies-linux-x64-7", state=state, host=host)
+    assert post(job_payload("completed", runner_name=runner.name)).status_code == 200
+    runner.refresh_from_db()
+    assert runner.state == "draining"
+    stop = AgentTask.objects.get(runner=runner, kind="stop_runner")
+    assert stop.payload["grace"] == 300  # runners.drain_grace
+    moves = AuditLog.objects.filter(target_type="runner", target_id=str(runner.pk))
+    assert [m.action for m in moves.order_by("pk")][-2:] == ["runner.busy", "runner.draining"]
 
 
 # -- HOOK-07: credit ------------------------------------------------------------------------------
@@ -483,13 +503,12 @@ def test_hook04_the_answer_makes_no_github_call_and_wakes_the_reconcile_pass(
         private_key_file=key,
         api_url=silent_github.url,
     )
-    from runners.github.config import get_app
 
     assert get_app() is not None  # an App is there to be called, and is not
-    wakes = wake.wake_count
+    wakes = wakes_asked()
     body = encode(job_payload("queued"))
     answer = httpx.post(live_server.url + URL, content=body, headers=headers(body, "workflow_job"))
     assert answer.status_code == 200
-    assert answer.elapsed.total_seconds() < 5  # GitHub gives a delivery 10 s
-    assert wake.wake_count == wakes + 1  # on commit, before the answer went back
+    # How fast it answers is bench/webhook_ingest.py's to measure, not this test's.
+    assert wakes_asked() == wakes + 1  # on commit, before the answer went back
     assert silent_github.calls == []

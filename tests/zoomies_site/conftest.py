@@ -8,24 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from accounts import sealing
-from zoomies_site import registry
+from zoomies_site.core import registry
 
 
 @pytest.fixture(autouse=True)
-def isolated_registry(settings, tmp_path, monkeypatch):
-    settings.ZOOMIES_CONFIG_FILE = str(tmp_path / "absent-zoomies.yaml")
-    settings.DATA_DIR = tmp_path / "data"
-    for setting in registry.SETTINGS.values():
-        monkeypatch.delenv(setting.env, raising=False)
-        monkeypatch.delenv(f"{setting.env}_FILE", raising=False)
-    monkeypatch.delenv(sealing.KEY_ENV, raising=False)
-    monkeypatch.delenv(sealing.KEY_FILE_ENV, raising=False)
-    sealing.clear_key_cache()
-    registry.reload()
-    yield
-    registry.reload()
-    sealing.clear_key_cache()
+def isolated_registry(registry_defaults):
+    """Every test here starts from the registry's defaults (the root `registry_defaults`)."""
+    return registry_defaults
 
 
 @pytest.fixture

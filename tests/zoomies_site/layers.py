@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoomies_site import registry
+from zoomies_site.core import registry
 
 
 def only(

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 
 from accounts.models import AuditLog
-from zoomies_site import registry
 from zoomies_site.actions import InvalidSetting, reset_setting, set_setting
+from zoomies_site.core import registry
 from zoomies_site.models import SettingValue
 
 pytestmark = pytest.mark.django_db
@@ -58,13 +58,13 @@ def test_auth07_a_secret_is_sealed_in_its_row_and_masked_in_the_audit_row():
 @pytest.mark.parametrize(
     "key, value, says",
     [
-        ("runners.docker_wait", "2h", "above the maximum of 1h"),
-        ("auth.enabled", "maybe", "not true or false"),
+        ("scheduler.unlinked_exit_grace", "2h", "above the maximum of 10m"),
+        ("github.poll_fallback", "maybe", "not true or false"),
         ("scheduler.nope", 1, "no setting called"),
         ("runners.not_progressing", "5m", "worked out from other settings"),
         # In range on its own, but it breaks CONF-07 against the create lease.
         (KEY, "25m", "longer than tasks.create_lease"),
-        ("tasks.create_lease", "10m", "not longer than agent.create_timeout"),
+        ("tasks.create_lease", "10m", "longer than tasks.create_lease"),
     ],
 )
 def test_an_invalid_value_is_refused_and_nothing_is_written(key, value, says):
@@ -76,8 +76,8 @@ def test_an_invalid_value_is_refused_and_nothing_is_written(key, value, says):
 
 def test_an_error_from_another_layer_does_not_block_an_unrelated_edit(monkeypatch):
     monkeypatch.setenv("ZOOMIES_TASKS_CREATE_LEASE", "5m")
-    set_setting("auth.enabled", False, actor="user:ada")
-    assert SettingValue.objects.get(key="auth.enabled").value is False
+    set_setting("github.poll_fallback", False, actor="user:ada")
+    assert SettingValue.objects.get(key="github.poll_fallback").value is False
 
 
 def test_reset_setting_removes_the_value_and_audits_it(django_capture_on_commit_callbacks):

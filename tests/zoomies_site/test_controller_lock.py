@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -10,9 +11,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from zoomies_site import controller_lock
-from zoomies_site.controller_lock import ControllerRefused
+from zoomies_site.core import controller_lock
+from zoomies_site.core.controller_lock import ControllerRefused
 from zoomies_site.models import Lease
+from zoomies_site.problems import problems
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 TTL = timedelta(seconds=30)
@@ -66,7 +68,6 @@ def test_lease02_the_kernel_drops_the_lock_of_a_killed_holder(lock_file):
         except ControllerRefused:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-    import os
 
     os.close(fd)
 
@@ -122,14 +123,13 @@ def test_lease06_a_restart_on_the_same_host_reclaims_the_lease_at_once(lock_file
 
 @pytest.mark.django_db
 def test_lease07_a_renewal_that_finds_another_holder_says_so(lock_file):
+    """LEASE-07, EVT-07: the lost lease is a problem under controller.lease_lost."""
     lock = controller_lock.acquire(now=T0, ttl=TTL)
     try:
         assert controller_lock.renew_lease(holder=lock.holder, now=T0, ttl=TTL)
         Lease.objects.filter(name="controller").update(holder="build-7:4242")
         assert not controller_lock.renew_lease(holder=lock.holder, now=T0, ttl=TTL)
         controller_lock.record_lease_lost(holder=lock.holder, now=T0)
-        from zoomies_site.problems import problems
-
         keys = {p["key"] for p in problems(T0)}
         assert "controller.lease_lost" in keys
     finally:

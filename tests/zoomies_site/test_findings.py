@@ -7,10 +7,13 @@ from dataclasses import dataclass
 import pytest
 from django.core import checks
 
+from runners.findings import pool_findings
+from runners.models import Pool
 from tests.zoomies_site.layers import only
-from zoomies_site import registry
 from zoomies_site.checks import settings_findings
-from zoomies_site.findings import Finding
+from zoomies_site.core import registry
+from zoomies_site.core.findings import Finding
+from zoomies_site.problems import config_findings
 
 NOT_CONFIGURED = {"config.no_webhook_secret", "config.github_app_not_configured"}
 CONFIGURED = {
@@ -38,23 +41,23 @@ def test_sec_04_the_safe_defaults_warn_only_about_what_is_not_configured():
 
 
 def test_a_configured_install_on_the_defaults_has_no_findings():
-    assert registry.validate(CONFIGURED, pools=[FakePool("linux")]) == []
+    assert registry.validate(CONFIGURED) == []
+    assert pool_findings([FakePool("linux")]) == []
 
 
-def test_sec_01_and_sec_02_the_defaults_are_loopback_and_authenticated(defaults):
+def test_sec_01_the_default_bind_is_loopback(defaults):
     assert defaults["server.bind"].startswith("127.0.0.1:")
-    assert registry.is_loopback(registry._split_bind(defaults["server.bind"])[0])
-    assert defaults["auth.enabled"] is True
+    assert registry.is_loopback(registry.split_bind(defaults["server.bind"])[0])
 
 
 def test_conf_03_every_finding_has_a_severity_title_why_and_fix():
     bad = {
         **CONFIGURED,
         "server.bind": "0.0.0.0:8080",
-        "auth.enabled": False,
+        "github.poll_fallback": False,
         "tasks.create_lease": "5m",
     }
-    findings = registry.validate(bad, pools=[FakePool("a", ephemeral=False)])
+    findings = registry.validate(bad) + pool_findings([FakePool("a", ephemeral=False)])
     assert findings
     for finding in findings:
         assert finding.severity in ("error", "warning")
@@ -73,14 +76,11 @@ def test_conf_03_every_finding_has_a_severity_title_why_and_fix():
         ({"server.bind": "0.0.0.0:8080"}, "config.bind_without_tls"),
         ({"server.bind": ":8080"}, "config.bind_without_tls"),
         ({"server.bind": "10.0.0.5:8080"}, "config.bind_without_tls"),
-        ({"auth.enabled": False}, "config.auth_disabled"),
         ({"github.poll_fallback": False}, "config.poll_fallback_off"),
         ({"github.webhook_secrets": []}, "config.no_webhook_secret"),
         ({"github.app_id": 0}, "config.github_app_not_configured"),
         ({"github.private_key_file": ""}, "config.github_app_not_configured"),
         ({"github.api_url": "http://ghe.internal/api/v3"}, "config.github_api_not_https"),
-        ({"runners.docker_wait": "600s"}, "config.not_progressing_during_docker_wait"),
-        ({"store.host_usage_max_age": "10s"}, "config.host_usage_max_age_below_heartbeat"),
         ({"housekeeping.tick": "60s"}, "config.housekeeping_tick_slow"),
     ],
 )
@@ -114,7 +114,7 @@ def test_a_public_bind_with_tls_is_not_a_warning():
 
 def test_sec_04_each_non_ephemeral_pool_is_named_in_its_own_warning():
     pools = [FakePool("linux"), FakePool("long-a", ephemeral=False), FakePool("long-b", False)]
-    findings = registry.validate(CONFIGURED, pools=pools)
+    findings = pool_findings(pools)
     assert keys(findings) == {
         "config.pool_not_ephemeral:long-a",
         "config.pool_not_ephemeral:long-b",
@@ -123,7 +123,7 @@ def test_sec_04_each_non_ephemeral_pool_is_named_in_its_own_warning():
 
 
 def test_sec_04_a_pool_that_gives_jobs_docker_is_a_warning():
-    findings = registry.validate(CONFIGURED, pools=[FakePool("builds", dind=True)])
+    findings = pool_findings([FakePool("builds", dind=True)])
     assert keys(findings) == {"config.pool_docker_exposed:builds"}
 
 
@@ -133,28 +133,17 @@ def test_sec_04_a_pool_that_gives_jobs_docker_is_a_warning():
 @pytest.mark.parametrize(
     "overrides, key",
     [
-        ({"scheduler.provision_timeout": "13m"}, "config.provision_timeout_too_short"),
-        ({"agent.create_timeout": "17m"}, "config.provision_timeout_too_short"),
-        ({"runners.docker_wait": "3600"}, "config.provision_timeout_too_short"),
         ({"scheduler.provision_timeout": "21m"}, "config.provision_timeout_exceeds_create_lease"),
-        ({"tasks.create_lease": "10m"}, "config.create_lease_too_short"),
+        ({"tasks.create_lease": "10m"}, "config.provision_timeout_exceeds_create_lease"),
         ({"tasks.stop_lease": "6m"}, "config.stop_lease_too_short"),
         ({"runners.drain_grace": "9m"}, "config.stop_lease_too_short"),
-        ({"tasks.remove_lease": "2m"}, "config.remove_lease_too_short"),
         ({"host.lost_after": "90s"}, "config.host_lost_before_unhealthy"),
         ({"agent.heartbeat_interval": "90s"}, "config.heartbeat_interval_not_below_timeout"),
-        ({"tasks.host_check_lease": "45s"}, "config.host_check_lease_too_short"),
         ({"controller.lease_renew": "15s"}, "config.controller_lease_renew_too_slow"),
         ({"scheduler.start_backoff": "6m"}, "config.start_backoff_above_max"),
         ({"scheduler.max_start_backoff": "11m"}, "config.start_backoff_outlasts_retention"),
-        ({"scheduler.throttle_recovery": "1m"}, "config.throttle_recovery_too_short"),
-        ({"scheduler.throttle_step": "29s"}, "config.throttle_step_too_short"),
-        ({"scheduler.stale_throttle_reset": "5m"}, "config.stale_throttle_reset_too_early"),
-        ({"scheduler.load_per_cpu_calm": 2.0}, "config.load_thresholds_inverted"),
-        ({"scheduler.auto_pools_host_grace": "5m"}, "config.auto_pools_host_grace_too_short"),
         ({"github.rate_limit_fallback": "1h", "github.rate_limit_cap": "30m"},
          "config.rate_limit_fallback_above_cap"),
-        ({"agent.start_hold": "2m"}, "config.start_hold_above_max"),
         ({"server.tls_cert": "/c.pem"}, "config.tls_incomplete"),
     ],
 )  # fmt: skip
@@ -168,23 +157,25 @@ def test_each_broken_relationship_is_an_error_finding(overrides, key):
 def test_conf_07_the_provision_finding_says_what_the_bound_is():
     (finding,) = [
         f
-        for f in registry.validate({"scheduler.provision_timeout": "12m"})
-        if f.key == "config.provision_timeout_too_short"
+        for f in registry.validate({"tasks.create_lease": "15m"})
+        if f.key == "config.provision_timeout_exceeds_create_lease"
     ]
-    assert "13m" in finding.fix and "10m" in finding.why and "3m" in finding.why
+    assert "15m" in finding.fix and "20m" in finding.why
 
 
 def test_a_bad_value_given_to_validate_is_an_error_finding():
-    (finding,) = [f for f in registry.validate({"runners.docker_wait": 0}) if f.is_error]
-    assert finding.key == "config.invalid_value:runners.docker_wait"
-    assert "below the minimum of 1s" in finding.why
+    (finding,) = [f for f in registry.validate({"github.poll_interval": 0}) if f.is_error]
+    assert finding.key == "config.invalid_value:github.poll_interval"
+    assert "below the minimum of 5s" in finding.why
 
 
 # --- CONF-04: errors stop startup -----------------------------------------------------------
 
 
 def test_conf_04_raise_for_errors_lists_every_error():
-    findings = registry.validate({"tasks.create_lease": "5m", "auth.enabled": False})
+    findings = registry.validate(
+        {"tasks.create_lease": "5m", "controller.lease_renew": "15s", "github.poll_fallback": False}
+    )
     errors = [f for f in findings if f.is_error]
     assert len(errors) >= 2
     with pytest.raises(registry.ConfigError) as raised:
@@ -193,38 +184,67 @@ def test_conf_04_raise_for_errors_lists_every_error():
     assert f"{len(errors)} configuration errors" in message
     for finding in errors:
         assert finding.key in message and finding.title in message
-    assert "config.auth_disabled" not in message
+    assert "config.poll_fallback_off" not in message
     assert raised.value.findings == errors
 
 
 def test_conf_04_warnings_alone_do_not_stop_startup():
-    registry.raise_for_errors(registry.validate({"auth.enabled": False}))
+    registry.raise_for_errors(registry.validate({"github.poll_fallback": False}))
 
 
 @pytest.mark.django_db
 def test_conf_05_startup_findings_read_the_live_values_and_pools(monkeypatch):
-    from runners.models import Pool
 
     Pool.objects.create(name="zoomies-long", ephemeral=False)
     Pool.objects.create(name="zoomies-short")
-    monkeypatch.setenv("ZOOMIES_AUTH_ENABLED", "false")
-    found = keys(registry.startup_findings())
+    monkeypatch.setenv("ZOOMIES_GITHUB_POLL_FALLBACK", "false")
+    found = keys(config_findings(fresh=True))
     assert found == NOT_CONFIGURED | {
-        "config.auth_disabled",
+        "config.poll_fallback_off",
         "config.pool_not_ephemeral:zoomies-long",
     }
 
 
 @pytest.mark.django_db
 def test_conf_04_the_system_check_reports_error_findings_only(monkeypatch):
-    monkeypatch.setenv("ZOOMIES_AUTH_ENABLED", "false")
+    monkeypatch.setenv("ZOOMIES_GITHUB_POLL_FALLBACK", "false")
     assert settings_findings() == []
     monkeypatch.setenv("ZOOMIES_TASKS_CREATE_LEASE", "5m")
     messages = settings_findings()
-    assert {m.id for m in messages} >= {"zoomies.config.create_lease_too_short"}
+    assert {m.id for m in messages} >= {"zoomies.config.provision_timeout_exceeds_create_lease"}
     assert all(m.level == checks.ERROR for m in messages)
     assert all(m.hint for m in messages)
 
 
 def test_the_system_check_is_registered():
     assert settings_findings in checks.registry.registry.get_checks()
+
+
+# --- findings are true (issue 8, item 11) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"ZOOMIES_GITHUB_WEBHOOK_SECRET": "hook-secret"},
+        {"ZOOMIES_GITHUB_WEBHOOK_SECRETS": "old,new"},
+    ],
+)
+def test_sec_04_a_webhook_secret_in_either_variable_is_a_configured_secret(env):
+    values = registry.layered(env=env, yaml_text="", db_values={})
+    assert "config.no_webhook_secret" not in keys(registry.validate(values))
+
+
+def test_sec_04_a_webhook_secret_file_is_a_configured_secret(tmp_path):
+    secret = tmp_path / "hook"
+    secret.write_text("hook-secret\n")
+    env = {"ZOOMIES_GITHUB_WEBHOOK_SECRET_FILE": str(secret)}
+    values = registry.layered(env=env, yaml_text="", db_values={})
+    assert values["github.webhook_secret"] == "hook-secret"
+    assert "config.no_webhook_secret" not in keys(registry.validate(values))
+
+
+def test_no_finding_points_at_a_flow_that_does_not_exist():
+    findings = registry.validate(only()) + registry.validate({"server.bind": "0.0.0.0:80"})
+    assert findings
+    assert not [f.key for f in findings if "manifest" in f"{f.why} {f.fix}".lower()]

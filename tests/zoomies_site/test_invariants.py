@@ -6,11 +6,16 @@ was chosen against; validate() enforces the same relationships on an operator's 
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
-from zoomies_site import registry
+from fleet.agent.backends import container
+from zoomies_site.core import registry
+
+DOCKERFILE = Path(__file__).resolve().parents[2] / "docker" / "runner" / "Dockerfile"
 
 
 @pytest.fixture
@@ -23,45 +28,40 @@ def test_host_05_the_silence_ladder_is_ordered(d):
     assert d["agent.heartbeat_timeout"] >= 3 * d["agent.heartbeat_interval"]
     assert d["host.lost_after"] > d["agent.heartbeat_timeout"]
     # HOST-02: the validator's limit is half the timeout, 45 s at the default 90 s.
-    assert d["agent.max_quiet_heartbeat_interval"] == timedelta(seconds=45)
-    assert d["agent.heartbeat_interval"] <= d["agent.max_quiet_heartbeat_interval"]
+    assert (
+        d["agent.heartbeat_interval"] <= d["agent.heartbeat_timeout"] / 2 == timedelta(seconds=45)
+    )
     # Both judgements are made on the housekeeping tick, which must come round in time.
     assert d["housekeeping.tick"] <= d["agent.heartbeat_timeout"] / 2
 
 
+# The timings in force on the other side: the agent's create timeout (AGENT-13) and the stock
+# runner image's wait for its Docker daemon (BACK-10), which no registry entry sets today.
+AGENT_CREATE_TIMEOUT = timedelta(seconds=container.DEFAULT_CREATE_TIMEOUT)
+IMAGE_DOCKER_WAIT = timedelta(
+    seconds=int(re.search(r"ZOOMIES_DOCKER_WAIT=(\d+)", DOCKERFILE.read_text()).group(1))
+)
+
+
 def test_task_12_every_lease_outlasts_the_work_it_covers(d):
     """TASK-12: a shorter lease would offer the task again while the first attempt runs."""
-    assert d["tasks.create_lease"] > d["agent.create_timeout"]
+    assert d["tasks.create_lease"] > AGENT_CREATE_TIMEOUT
     assert d["tasks.stop_lease"] > d["runners.drain_grace"] + d["agent.stop_margin"]
-    assert d["tasks.remove_lease"] > d["agent.remove_timeout"]
-    # TASK-09: the host check's own lease is above the agent's limit on one run.
-    assert d["tasks.host_check_lease"] > d["agent.host_check_run_timeout"]
 
 
 def test_conf_07_the_provision_timeout_is_bounded_on_both_sides(d):
     """CONF-07: longer than create + Docker wait, no longer than the create lease."""
     provision = d["scheduler.provision_timeout"]
-    assert provision > d["agent.create_timeout"] + d["runners.docker_wait"]
+    assert provision > AGENT_CREATE_TIMEOUT + IMAGE_DOCKER_WAIT
     assert provision <= d["tasks.create_lease"]
     assert provision == timedelta(minutes=20) == d["tasks.create_lease"]
 
 
 def test_sched_18_not_progressing_fires_at_half_the_provision_timeout_after_the_docker_wait(d):
-    """SCHED-18: 10 min at the default, and after the 180 s Docker wait (CONF-07)."""
+    """SCHED-18: 10 min at the default, and after the image's Docker wait (CONF-07)."""
     assert d["runners.not_progressing"] == d["scheduler.provision_timeout"] / 2
     assert d["runners.not_progressing"] == timedelta(minutes=10)
-    assert d["runners.not_progressing"] > d["runners.docker_wait"]
-
-
-def test_host_21_the_throttle_ladder_is_paced_against_its_measurements(d):
-    """HOST-21: recovery > usage max age, step >= hold window, stale reset > host lost."""
-    assert d["scheduler.throttle_recovery"] > d["store.host_usage_max_age"]
-    assert d["scheduler.throttle_step"] >= d["store.cpu_hold_window"]
-    assert d["scheduler.stale_throttle_reset"] > d["host.lost_after"]
-    assert d["store.min_cpu_factor"] >= 0.5
-    # Each rung takes a quarter of the CPU quota down to the floor, which two rungs reach.
-    assert 1 - 0.25 * 2 == d["store.min_cpu_factor"]
-    assert d["store.max_throttle_level"] == 3
+    assert d["runners.not_progressing"] > IMAGE_DOCKER_WAIT
 
 
 def test_sched_22_the_start_backoff_never_outlasts_the_failures_it_is_computed_from(d):
@@ -78,18 +78,6 @@ def test_task_03_04_lease_lengths_and_attempts_give_up_on_a_host_in_time(d):
     assert attempts * d["tasks.create_lease"] == timedelta(hours=1)
     assert attempts * d["tasks.stop_lease"] == timedelta(minutes=30)
     assert attempts * d["tasks.remove_lease"] == timedelta(minutes=15)
-
-
-def test_task_10_11_host_checks_are_dropped_and_cooled_down_quickly(d):
-    """TASK-10/11: a check not taken within 20 s is dropped; another may follow after 15 s."""
-    assert d["tasks.host_check_pending_ttl"] == timedelta(seconds=20)
-    assert d["tasks.host_check_cooldown"] == timedelta(seconds=15)
-    assert d["tasks.host_check_pending_ttl"] < d["tasks.host_check_lease"]
-
-
-def test_sched_32_automatic_pools_wait_out_more_than_host_lost(d):
-    """SCHED-32: 10 min, above the 5-min host-lost time."""
-    assert d["scheduler.auto_pools_host_grace"] > d["host.lost_after"]
 
 
 def test_the_controller_lease_is_renewed_well_inside_its_length(d):

@@ -19,9 +19,10 @@ from django.urls import reverse
 
 from accounts import sealing
 from accounts.models import AuditLog
-from zoomies_site import registry
 from zoomies_site.actions import InvalidSetting, reset_setting, set_setting
+from zoomies_site.core import registry
 from zoomies_site.models import SettingValue
+from zoomies_site.problems import config_findings
 
 pytestmark = pytest.mark.django_db
 
@@ -141,7 +142,7 @@ def test_auth07_a_wrong_sealing_key_is_an_error_finding_and_the_layer_below_stay
 
     # CONF-04: an error finding stops startup.
     with pytest.raises(registry.ConfigError, match="secret_unreadable:github.private_key"):
-        registry.raise_for_errors(registry.startup_findings())
+        registry.raise_for_errors(config_findings(fresh=True))
 
 
 def test_auth07_a_tampered_row_is_an_error_finding(sealing_key):
@@ -322,8 +323,8 @@ def test_set_secret_reset_removes_the_stored_secret(sealing_key):
 
 
 @pytest.fixture
-def admin_client_logged_in(client, admin_user):
-    client.force_login(admin_user)
+def admin_client_logged_in(client, admin):
+    client.force_login(admin)
     return client
 
 

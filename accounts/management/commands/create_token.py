@@ -1,4 +1,7 @@
-"""`python manage.py create_token --user NAME [--scope fleet:read] ...`: mint an API token."""
+"""`python manage.py create_token --user NAME [--scope fleet:read] ...`: mint an API token.
+
+Kept for scripts that use it; `manage.py token create|list|revoke` is the full command.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +10,9 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
+from accounts import actions
 from accounts.models import User
-from accounts.permissions import ALL_SCOPES, READ_SCOPE
-from accounts.tokens import create_api_token
+from accounts.roles import ALL_SCOPES, READ_SCOPE
 
 
 class Command(BaseCommand):
@@ -17,7 +20,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--user", required=True, help="username (created if --create-user)")
-        parser.add_argument("--create-user", action="store_true")
+        parser.add_argument("--create-user", action="store_true", help="as an operator")
         parser.add_argument("--name", default="cli")
         parser.add_argument(
             "--scope", action="append", choices=ALL_SCOPES, help=f"repeatable; default {READ_SCOPE}"
@@ -26,16 +29,21 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         user = User.objects.filter(username=options["user"]).first()
-        if user is None:
-            if not options["create_user"]:
-                raise CommandError(f"no user {options['user']!r} (add --create-user)")
-            user = User.objects.create_user(username=options["user"], role=User.Role.OPERATOR)
-        expires = timezone.now() + timedelta(days=options["days"]) if options["days"] else None
-        _token, secret = create_api_token(
-            user=user,
-            name=options["name"],
-            scopes=options["scope"] or [READ_SCOPE],
-            expires_at=expires,
-            actor="cli:create_token",
-        )
+        try:
+            if user is None:
+                if not options["create_user"]:
+                    raise CommandError(f"no user {options['user']!r} (add --create-user)")
+                user = actions.create_user(
+                    username=options["user"], role=User.Role.OPERATOR, actor="cli:create_token"
+                )
+            expires = timezone.now() + timedelta(days=options["days"]) if options["days"] else None
+            _token, secret = actions.create_api_token(
+                user=user,
+                name=options["name"],
+                scopes=options["scope"] or [READ_SCOPE],
+                expires_at=expires,
+                actor="cli:create_token",
+            )
+        except actions.AccountError as exc:
+            raise CommandError(str(exc)) from None
         self.stdout.write(secret)

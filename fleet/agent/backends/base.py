@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import enum
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +40,11 @@ class RunnerSpec:
     cpus: float | None = None
     memory_mb: int | None = None
     ephemeral: bool = True
+    # BACK-09: who gave cpus / memory_mb, as the controller wrote it on the runner's row:
+    # "pool" or "host"; None from a controller that does not say.
+    cpus_from: str | None = None
+    memory_from: str | None = None
+    dind: bool = False  # BACK-18: the pool provides Docker through a sidecar
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any], *, runner_id: int | None = None) -> RunnerSpec:
@@ -63,7 +72,14 @@ class RunnerSpec:
             cpus=float(cpus) if cpus is not None else None,
             memory_mb=int(memory_mb) if memory_mb is not None else None,
             ephemeral=bool(payload.get("ephemeral", True)),
+            cpus_from=_given_by(payload.get("cpus_from")),
+            memory_from=_given_by(payload.get("memory_from")),
+            dind=payload.get("dind") is True,
         )
+
+
+def _given_by(value: Any) -> str | None:
+    return value if value in ("pool", "host") else None
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,8 @@ class Workload:
     started_at: float | None = None
     # Where the operator can read the runner's output; named in a failed runner's message.
     log_ref: str | None = None
+    # The end of an exited runner's output, for a backend that deletes it with the workload.
+    output_tail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,37 @@ class HostSize:
     cpus: float
     memory_mb: int
     platform: str
+
+    @property
+    def limits(self) -> tuple[str, ...]:
+        """BACK-03: the resource limits ("cpus", "memory") this backend can apply to a
+        runner; none unless its engine says so."""
+        return ()
+
+
+class LogFollow:
+    """A runner's output from its start, then as it comes, until the workload ends: an
+    iterable of byte pieces that another thread may `close` (LOG-02, LOG-04)."""
+
+    def __init__(self, pieces: Iterable[bytes], on_close: Callable[[], None] | None = None) -> None:
+        self._pieces = pieces
+        self._on_close = on_close
+        self.closed = threading.Event()
+
+    def __iter__(self) -> Iterator[bytes]:
+        for piece in self._pieces:
+            if self.closed.is_set():
+                return
+            if piece:
+                yield piece
+
+    def close(self) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        if self._on_close is not None:
+            with contextlib.suppress(Exception):  # closing a dead stream is still closing
+                self._on_close()
 
 
 class Backend(ABC):
@@ -132,6 +181,18 @@ class Backend(ABC):
     def logs(self, runner_id: int) -> bytes:
         """The runner's output so far."""
 
+    def follow_logs(self, runner_id: int) -> LogFollow:
+        """The runner's output from the start, then as it comes, until it ends (LOG-02).
+        This default is what `logs` holds now, once; a backend that can follow overrides it."""
+        return LogFollow([self.logs(runner_id)])
+
     @abstractmethod
     def probe(self) -> HostSize:
         """The host's size as this backend sees it."""
+
+    # builtins.list: inside the class `list` is the method above.
+    def prewarm(self, image: str | None, *, dind: bool = False) -> builtins.list[str]:
+        """Prepare, ahead of any create, what a runner of `image` needs (AGENT-14); answers
+        what it prepared. This default has nothing to prepare: a backend with images
+        overrides it."""
+        return []

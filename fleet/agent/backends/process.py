@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from fleet.agent.backends.base import (
     BackendError,
     Handle,
     HostSize,
+    LogFollow,
     RunnerSpec,
     Workload,
     WorkloadExists,
@@ -68,7 +69,13 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 # a runner needs more only through its task's `env`.
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL")
 KILL_WAIT = 5.0
+# How much of a runner's output its end report carries (the protocol's MAX_OUTPUT_TAIL).
+OUTPUT_TAIL_BYTES = 64 * 1024
 POLL_INTERVAL = 0.05
+# A followed output file is read this much at a time, and looked at again this often once
+# the reader has caught up with the runner.
+FOLLOW_READ = 32 * 1024
+FOLLOW_POLL = 0.2
 
 
 def process_identity(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, int] | None:
@@ -195,6 +202,10 @@ class ProcessBackend(Backend):
             pool=meta.get("pool"),
             started_at=meta.get("started_at"),
             log_ref=str(run_dir / OUTPUT_FILE),
+            # Read now: the directory is deleted once the controller has the end report.
+            output_tail=read_tail(run_dir / OUTPUT_FILE)
+            if status == WorkloadStatus.EXITED
+            else None,
         )
 
     def list(self) -> list[Workload]:
@@ -252,6 +263,33 @@ class ProcessBackend(Backend):
         except FileNotFoundError:
             return b""
 
+    def follow_logs(self, runner_id: int) -> LogFollow:
+        """The output file from its start, then as it grows, until the runner has exited
+        and the file is read to its end (LOG-02). `close` stops it within a poll."""
+        path = self.run_dir(runner_id) / OUTPUT_FILE
+        stopped = threading.Event()
+
+        def pieces() -> Iterator[bytes]:
+            try:
+                log = open(path, "rb")  # closed by the `with` below, held across yields
+            except FileNotFoundError:
+                return
+            with log:
+                while not stopped.is_set():
+                    piece = log.read(FOLLOW_READ)
+                    if piece:
+                        yield piece
+                        continue
+                    # At the end of the file: done once the runner has exited, after one
+                    # more read for what it wrote between that read and its exit.
+                    if self.inspect(runner_id).status != WorkloadStatus.RUNNING:
+                        while piece := log.read(FOLLOW_READ):
+                            yield piece
+                        return
+                    stopped.wait(FOLLOW_POLL)
+
+        return LogFollow(pieces(), on_close=stopped.set)
+
     def probe(self) -> HostSize:
         cpus, memory_mb = local_size(self.cgroup_root, self.proc_root)
         return HostSize(cpus=cpus, memory_mb=memory_mb, platform=platform_name())
@@ -300,6 +338,22 @@ class ProcessBackend(Backend):
             child = self._children.get(runner_id)
             if child is not None and child.poll() is not None:
                 del self._children[runner_id]
+
+
+def read_tail(path: Path, limit: int = OUTPUT_TAIL_BYTES) -> str | None:
+    """The last `limit` bytes of a runner's output as text, None if there is no file.
+
+    Undecodable bytes and NUL become U+FFFD, so the text is always valid in a report.
+    """
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            size = log.tell()
+            log.seek(max(0, size - limit))
+            data = log.read(limit)
+    except OSError:
+        return None
+    return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
 
 
 def runner_base_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from fleet.actions import create_join_token
-from zoomies_site.registry import format_duration, parse_duration
+from zoomies_site.core.registry import format_duration, parse_duration
 
 
 class Command(BaseCommand):

@@ -17,7 +17,8 @@ __all__ = ["FakeGitHub"]
 
 def __getattr__(name: str) -> Any:
     if name == "FakeGitHub":
-        from runners.github.fake.server import FakeGitHub
+        # On first use only: the fake runner in this package must start without PyJWT.
+        from runners.github.fake.server import FakeGitHub  # noqa: PLC0415
 
         return FakeGitHub
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -45,6 +45,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--private-key-file", default=None, help="write the App's private key (PEM) to this file"
     )
     parser.add_argument("--token-lifetime", type=float, default=3600.0)
+    for mode, what in (
+        ("drop", "dropped (recorded as timed out, never sent)"),
+        ("duplicate", "sent twice"),
+        ("reorder", "held per job and sent newest first once the job completes (of jobs)"),
+    ):
+        parser.add_argument(
+            f"--{mode}",
+            type=_share,
+            default=0.0,
+            metavar="SHARE",
+            help=f"the share of deliveries {what}, from 0 to 1",
+        )
+    parser.add_argument(
+        "--new-ids", action="store_true", help="a duplicate gets its own X-GitHub-Delivery"
+    )
+    parser.add_argument(
+        "--delivery-seed", type=int, default=None, help="seed the draws of the shares"
+    )
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a share from 0 to 1")
+    return value
 
 
 def build(options: dict[str, Any]) -> FakeGitHub:
@@ -66,6 +94,13 @@ def build(options: dict[str, Any]) -> FakeGitHub:
         if owner.lower() not in accounts:
             accounts[owner.lower()] = fake.add_installation(owner, "Organization")
         fake.add_repository(accounts[owner.lower()], repo)
+    fake.set_delivery(
+        drop=options.get("drop") or 0.0,
+        duplicate=options.get("duplicate") or 0.0,
+        reorder=options.get("reorder") or 0.0,
+        new_ids=bool(options.get("new_ids")),
+        seed=options.get("delivery_seed"),
+    )
     if options.get("app_id_file"):
         with open(options["app_id_file"], "w") as fh:
             fh.write(f"{fake.app_id}\n")
@@ -97,6 +132,12 @@ def serve(
             repos = ", ".join(inst["repositories"]) or "no repositories"
             out(f"installation {inst['id']}: {inst['account']} ({inst['account_type']}): {repos}")
         out(f"webhooks: {fake.webhook_url or 'none (every delivery is recorded as dropped)'}")
+        mode = fake.delivery_mode
+        if mode["drop"] or mode["duplicate"] or mode["reorder"]:
+            out(
+                f"delivery faults: drop {mode['drop']}, duplicate {mode['duplicate']}, "
+                f"reorder {mode['reorder']}, seed {mode['seed']}"
+            )
         stop.wait()
         out("fake GitHub stopping")
     finally:

@@ -70,20 +70,34 @@ def decode_jit_config(encoded: str) -> JitConfig:
         if not isinstance(files_b64, dict):
             raise ConfigError("the config is not a JSON object of files")
         files = {name: base64.b64decode(body, validate=True) for name, body in files_b64.items()}
-        settings = json.loads(files[".runner"])
+        settings = _case_insensitive(json.loads(files[".runner"]))
         credentials = json.loads(files[".credentials"])
+        ephemeral = settings.get("ephemeral", False)
+        if not isinstance(ephemeral, bool):
+            ephemeral = str(ephemeral).strip().lower() == "true"
         return JitConfig(
-            runner_id=int(settings["runnerId"]),
-            name=str(settings["agentName"]),
-            server_url=str(settings["serverUrl"]).rstrip("/"),
+            runner_id=int(settings["agentid"]),
+            name=str(settings["agentname"]),
+            server_url=str(settings["serverurl"]).rstrip("/"),
             secret=str(credentials["data"]["secret"]),
-            ephemeral=bool(settings.get("ephemeral", False)),
+            ephemeral=ephemeral,
             files=files,
         )
     except ConfigError:
         raise
     except (binascii.Error, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"unreadable JIT config ({exc.__class__.__name__}: {exc})") from None
+
+
+def _case_insensitive(settings: Any) -> dict[str, Any]:
+    """`.runner`'s keys as the runner reads them: RunnerSettings member names, any case.
+
+    GitHub's JIT configuration spells them as the members are named (`AgentId`); the file
+    `config.sh` writes camel-cases them (`agentId`); Newtonsoft.Json reads both.
+    """
+    if not isinstance(settings, dict):
+        raise ConfigError("the .runner file is not a JSON object")
+    return {str(key).lower(): value for key, value in settings.items()}
 
 
 def read_jit_config(argv: Sequence[str], environ: MutableMapping[str, str]) -> str | None:

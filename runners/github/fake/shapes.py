@@ -1,7 +1,7 @@
 """GitHub's JSON shapes, built from the fake's state.
 
 Pure functions: each takes plain values and returns the dict GitHub would send, with every
-field its schema in github/response-schemas.json requires. No I/O, no clock.
+field GitHub's response schema for it requires. No I/O, no clock.
 """
 
 from __future__ import annotations
@@ -13,6 +13,27 @@ from typing import Any
 DOCS = "https://docs.github.com/rest"
 DEFAULT_GROUP_ID = 1
 DEFAULT_GROUP_NAME = "Default"
+
+# The members of the runner's `RunnerSettings`, the `.runner` file's keys (actions/runner
+# src/Runner.Common/ConfigurationStore.cs, [DataMember] properties; IsHostedServer is the
+# DataMember name of a private field). The runner's JSON reader matches them regardless of case.
+RUNNER_SETTINGS_KEYS = (
+    "IsHostedServer",
+    "AgentId",
+    "AgentName",
+    "SkipSessionRecover",
+    "PoolId",
+    "PoolName",
+    "DisableUpdate",
+    "Ephemeral",
+    "ServerUrl",
+    "GitHubUrl",
+    "WorkFolder",
+    "MonitorSocketAddress",
+    "UseV2Flow",
+    "UseRunnerAdminFlow",
+    "ServerUrlV2",
+)
 
 # What GitHub adds at registration and marks read-only (actions/runner VarUtil.cs).
 OS_LABELS = {"linux": "Linux", "macos": "macOS", "windows": "Windows"}
@@ -175,24 +196,27 @@ def repository(
 
 
 def runner_labels(requested: list[str], label_id: Any) -> list[dict[str, Any]]:
-    """A JIT runner's labels as GitHub registers them.
+    """A JIT runner's labels as GitHub registers them: exactly the ones in the body.
 
-    GitHub adds self-hosted, an OS and an architecture as read-only labels (the ones named
-    in the body are recognised, case-insensitively, and take their canonical spelling);
-    everything else is custom. `label_id(name)` gives a label's stable id.
+    GitHub adds no `self-hosted`, OS or architecture label to a JIT runner (only `config.sh` adds
+    those): a caller that wants them sends them. Those names, when sent, are recognised
+    case-insensitively, take their canonical spelling and are read-only (the spec example
+    `runner-jitconfig`); everything else is custom. `label_id(name)` gives a stable id.
     """
-    lowered = [label.lower() for label in requested]
-    os_name = next((OS_LABELS[x] for x in lowered if x in OS_LABELS), "Linux")
-    arch = next((ARCH_LABELS[x] for x in lowered if x in ARCH_LABELS), "X64")
-    defaults = ["self-hosted", os_name, arch]
-    seen = {name.lower() for name in defaults}
-    out = [{"id": label_id(name), "name": name, "type": "read-only"} for name in defaults]
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for label in requested:
         key = label.lower()
-        if key in seen or key in OS_LABELS or key in ARCH_LABELS:
+        if key in seen:
             continue
         seen.add(key)
-        out.append({"id": label_id(label), "name": label, "type": "custom"})
+        if key == "self-hosted":
+            out.append({"id": label_id("self-hosted"), "name": "self-hosted", "type": "read-only"})
+        elif key in OS_LABELS or key in ARCH_LABELS:
+            name = OS_LABELS.get(key) or ARCH_LABELS[key]
+            out.append({"id": label_id(name), "name": name, "type": "read-only"})
+        else:
+            out.append({"id": label_id(label), "name": label, "type": "custom"})
     return out
 
 

@@ -1,13 +1,16 @@
 """A fake controller speaking docs/agent-protocol.md over real HTTP, and agents to point at it.
 
 The fake is a stdlib ThreadingHTTPServer on 127.0.0.1: it records every call, hands out
-the tasks a test enqueues, and can be told to refuse, fail or revoke.
+the tasks a test enqueues, and can be told to refuse, fail or revoke. It reads every
+request and writes every answer through fleet/protocol.py, the schema the real controller
+and the agent share, so a request the real controller would refuse is a 400 here too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +18,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from fleet import protocol
 
 JOIN_TOKEN = "zjt_test_join_token_0123456789"
 AGENT_TOKEN_PREFIX = "zat_"
@@ -49,6 +54,8 @@ class FakeController:
 
     join_tokens: set[str] = field(default_factory=lambda: {JOIN_TOKEN})
     heartbeat_interval: float = 30
+    # The other timings the controller's answers carry (agent.* settings).
+    tunables: protocol.AgentTunables = field(default_factory=protocol.AgentTunables)
     cordoned: bool = False
     refused_runner_ids: set[int] = field(default_factory=set)
     reports_status: int = 200  # set to 503 to make the controller drop reports
@@ -57,6 +64,8 @@ class FakeController:
     results: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     reports: list[dict[str, Any]] = field(default_factory=list)  # accepted POSTs, flattened
     agent_tokens: dict[str, int] = field(default_factory=dict)
+    # The runners the inventory answer says the host holds (`protocol.ExpectedRunner`).
+    expected: list[protocol.ExpectedRunner] = field(default_factory=list)
     url: str = ""
 
     def __post_init__(self) -> None:
@@ -131,21 +140,34 @@ class FakeController:
         with self.cond:
             return self.agent_tokens.get(auth[len("Bearer ") :])
 
+    def _tunables(self) -> protocol.AgentTunables:
+        return dataclasses.replace(self.tunables, heartbeat_interval=self.heartbeat_interval)
+
     def _route(self, method, path, query, body, headers) -> tuple[int, dict[str, Any]]:
+        try:
+            return self._answer(method, path, query, body, headers)
+        except protocol.ProtocolError as exc:
+            return 400, protocol.ErrorAnswer(str(exc), exc.path).to_json()
+
+    def _answer(self, method, path, query, body, headers) -> tuple[int, dict[str, Any]]:
         if (method, path) == ("POST", "/api/v1/agent/join"):
+            join = protocol.JoinRequest.from_json(body)
             with self.cond:
-                if body.get("join_token") not in self.join_tokens:
+                if join.join_token not in self.join_tokens:
                     return 401, {"error": "That join token is unknown, expired or spent."}
-                self.join_tokens.discard(body["join_token"])  # single-use
+                self.join_tokens.discard(join.join_token)  # single-use
                 token = f"{AGENT_TOKEN_PREFIX}{len(self.agent_tokens) + 1:032d}"
                 self.agent_tokens[token] = 7
-            return 200, {"host_id": 7, "agent_token": token, "heartbeat_interval": 30}
+            answer = protocol.JoinAnswer(host_id=7, agent_token=token, tunables=self._tunables())
+            return 200, answer.to_json()
         if self._host(headers) is None:
             return 401, {"error": "This agent token is not valid."}
         if (method, path) == ("POST", "/api/v1/agent/heartbeat"):
-            return 200, {"heartbeat_interval": self.heartbeat_interval, "cordoned": self.cordoned}
+            protocol.HeartbeatRequest.from_json(body)
+            beat = protocol.HeartbeatAnswer(cordoned=self.cordoned, tunables=self._tunables())
+            return 200, beat.to_json()
         if (method, path) == ("GET", "/api/v1/agent/tasks"):
-            wait = min(float(query.get("wait", ["25"])[0]), 30.0)
+            wait = protocol.parse_wait(query.get("wait", [""])[0], 25.0)
             with self.cond:
                 self.cond.wait_for(
                     lambda: self._closing or any(t.state == "pending" for t in self.tasks.values()),
@@ -154,20 +176,15 @@ class FakeController:
                 taken = [t for t in self.tasks.values() if t.state == "pending"]
                 for task in taken:
                     task.state = "in_flight"
-            return 200, {
-                "tasks": [
-                    {
-                        "id": t.id,
-                        "kind": t.kind,
-                        "attempt": t.attempt,
-                        "runner_id": t.runner_id,
-                        "payload": t.payload,
-                    }
-                    for t in taken
-                ]
-            }
+            wire = protocol.TaskList(
+                tasks=tuple(
+                    protocol.Task(t.id, t.kind, t.attempt, t.runner_id, t.payload) for t in taken
+                )
+            )
+            return 200, wire.to_json()
         if method == "POST" and path.startswith("/api/v1/agent/tasks/"):
             task_id = int(path.split("/")[-2])
+            result = protocol.TaskResult.from_json(body)
             with self.cond:
                 task = self.tasks.get(task_id)
                 if task is None:
@@ -175,17 +192,25 @@ class FakeController:
                 if task.state != "in_flight":
                     return 409, {"error": "That task is no longer in flight."}
                 task.state = "done"
-                self.results.append((task_id, body))
-            return 200, {"accepted": True}
+                self.results.append((task_id, result.to_json()))
+            return 200, protocol.TaskResultAnswer(accepted=True).to_json()
+        if (method, path) == ("POST", "/api/v1/agent/inventory"):
+            # Read and answered only: the real controller's settling of the tasks in flight
+            # is tested against it (tests/fleet/test_inventory.py).
+            protocol.InventoryRequest.from_json(body)
+            with self.cond:
+                answer = protocol.InventoryAnswer(runners=tuple(self.expected))
+            return 200, answer.to_json()
         if (method, path) == ("POST", "/api/v1/agent/reports"):
             if self.reports_status != 200:
                 return self.reports_status, {"error": "The controller is busy."}
-            ids = [r["runner_id"] for r in body["reports"]]
+            batch = protocol.ReportsRequest.from_json(body)
+            ids = [r.runner_id for r in batch.reports]
             with self.cond:
-                self.reports.extend(body["reports"])
-            refused = sorted({i for i in ids if i in self.refused_runner_ids})
-            accepted = sorted({i for i in ids if i not in self.refused_runner_ids})
-            return 200, {"accepted": accepted, "refused": refused}
+                self.reports.extend(r.to_json() for r in batch.reports)
+            refused = tuple(sorted({i for i in ids if i in self.refused_runner_ids}))
+            accepted = tuple(sorted({i for i in ids if i not in self.refused_runner_ids}))
+            return 200, protocol.ReportsAnswer(accepted=accepted, refused=refused).to_json()
         return 404, {"error": f"No route for {method} {path}."}
 
     def close(self) -> None:
@@ -200,10 +225,17 @@ class FakeControllerHandler(BaseHTTPRequestHandler):
     def _serve(self, method: str) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        body = json.loads(raw) if raw else None
+        try:
+            body = protocol.loads(raw)
+        except protocol.ProtocolError as exc:
+            self._send(400, protocol.ErrorAnswer(str(exc), exc.path).to_json())
+            return
         headers = {k.lower(): v for k, v in self.headers.items()}
         status, answer = self.server.controller.handle(method, self.path, body, headers)
-        data = json.dumps(answer).encode()
+        self._send(status, answer)
+
+    def _send(self, status: int, answer: dict[str, Any]) -> None:
+        data = protocol.dumps(answer).encode()
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -229,11 +261,18 @@ class FakeControllerServer(ThreadingHTTPServer):
 
 
 @contextlib.contextmanager
-def serving(fake: FakeController) -> Iterator[FakeController]:
-    """Serve `fake` on an ephemeral port of 127.0.0.1 for the length of the block."""
+def serving(
+    fake: FakeController, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1"
+) -> Iterator[FakeController]:
+    """Serve `fake` on an ephemeral port of 127.0.0.1 for the length of the block; over
+    HTTPS with `tls` (a server context), as `https://{host}:port`."""
     server = FakeControllerServer(("127.0.0.1", 0), FakeControllerHandler)
     server.controller = fake
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    scheme = "http"
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
+    fake.url = f"{scheme}://{host}:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -258,7 +297,7 @@ class FakeClock:
         return self.now
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02) -> Any:
     """Poll with a deadline instead of sleeping for a guessed time."""
     deadline = time.monotonic() + timeout
     while True:

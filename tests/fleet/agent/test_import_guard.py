@@ -35,8 +35,11 @@ def offending(name: str) -> bool:
     top = name.split(".")[0]
     if top in FORBIDDEN:
         return True
-    # Within fleet, only the agent itself: fleet.models and friends need Django.
-    return top == "fleet" and name != "fleet" and not name.startswith("fleet.agent")
+    # Within fleet, only the agent itself and the protocol it shares with the controller
+    # (pure by its own guard below): fleet.models and friends need Django.
+    if name in ("fleet", "fleet.protocol") or name.startswith("fleet.protocol."):
+        return False
+    return top == "fleet" and not name.startswith("fleet.agent")
 
 
 def test_arch05_the_agent_imports_no_django_and_no_other_app():
@@ -51,11 +54,20 @@ def test_arch05_the_agent_imports_no_django_and_no_other_app():
     assert bad == {}
 
 
+def test_arch05_the_protocol_module_imports_nothing_of_the_controller():
+    """fleet/protocol.py ships with the agent: only the standard library."""
+    path = AGENT_DIR.parent / "protocol.py"
+    names = imported_modules(path)
+    assert names and not [n for n in names if n.split(".")[0] in (*FORBIDDEN, "fleet", "httpx")]
+
+
 def test_arch05_the_guard_would_notice():
     assert offending("django.db.models")
     assert offending("fleet.models.Host")
     assert offending("runners.states")
     assert not offending("fleet.agent.client")
+    assert not offending("fleet.protocol")
+    assert offending("fleet.actions")
     assert not offending("httpx")
 
 

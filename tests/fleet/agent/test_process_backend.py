@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleet.agent.backends.base import BackendError, RunnerSpec, WorkloadExists, WorkloadStatus
-from fleet.agent.backends.process import ProcessBackend, process_identity
+from fleet.agent.backends.process import KILL_WAIT, ProcessBackend, process_identity
 from fleet.agent.host import cgroup_limits, local_size, platform_name, work_dir_space
 from tests.fleet.agent.fakes import wait_until
 
@@ -251,17 +251,39 @@ def test_run11_stop_first_waits_the_grace_for_the_runner_to_exit_on_its_own(back
     assert b"job done" in backend.logs(40)
 
 
-def test_run11_after_the_grace_stop_sends_sigterm_then_sigkill_after_the_timeout(backend):
+def record_stop_steps(backend: ProcessBackend, monkeypatch) -> list[tuple]:
+    """What `stop` does, in order: each wait for the runner to go (how long, and whether it
+    went) and each signal it sends, through the backend's own wait and signal."""
+    steps: list[tuple] = []
+    wait_gone, signal_group = backend._wait_gone, backend._signal_group
+
+    def waited(runner_id: int, meta: dict, timeout: float) -> bool:
+        gone = wait_gone(runner_id, meta, timeout)
+        steps.append(("wait", timeout, gone))
+        return gone
+
+    def signalled(meta: dict, signum: int) -> None:
+        steps.append((signal.Signals(signum).name,))
+        signal_group(meta, signum)
+
+    monkeypatch.setattr(backend, "_wait_gone", waited)
+    monkeypatch.setattr(backend, "_signal_group", signalled)
+    return steps
+
+
+def test_run11_after_the_grace_stop_sends_sigterm_then_sigkill_after_the_timeout(
+    backend, monkeypatch
+):
     """RUN-11: a job still running when the grace ends is stopped: SIGTERM, and SIGKILL once
     `timeout` has passed after it."""
-    import time
-
+    steps = record_stop_steps(backend, monkeypatch)
     backend.create(spec(41, "print('ready', flush=True); import time; time.sleep(30)"))
     wait_until(lambda: b"ready" in backend.logs(41))
-    started = time.monotonic()
     backend.stop(41, timeout=5, grace=0.4)
-    assert time.monotonic() - started >= 0.4
+    # The whole grace was waited out with the runner still there, and only then SIGTERM.
+    assert steps == [("wait", 0.4, False), ("SIGTERM",), ("wait", 5, True)]
     assert backend.inspect(41).exit_code == 128 + signal.SIGTERM
+    steps.clear()
 
     stubborn = (
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -269,7 +291,12 @@ def test_run11_after_the_grace_stop_sends_sigterm_then_sigkill_after_the_timeout
     )
     backend.create(spec(42, stubborn))
     wait_until(lambda: b"ready" in backend.logs(42))
-    started = time.monotonic()
     backend.stop(42, timeout=0.3, grace=0.3)
-    assert time.monotonic() - started >= 0.6
+    assert steps == [
+        ("wait", 0.3, False),  # the grace
+        ("SIGTERM",),
+        ("wait", 0.3, False),  # the timeout, SIGTERM ignored
+        ("SIGKILL",),
+        ("wait", KILL_WAIT, True),
+    ]
     assert backend.inspect(42).exit_code == 128 + signal.SIGKILL

@@ -28,6 +28,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from runners.github.client import GitHubApp
 from runners.github.fake import FakeGitHub
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -149,6 +150,13 @@ class SchemaBook:
         key = self.operation(rec.method, rec.path)
         documented = self.operations[key]["responses"] if key else {}
         entry = documented.get(str(rec.status))
+        if entry is None and rec.status == 304:
+            # GitHub answers any conditional GET whose ETag still holds with 304 and no body
+            # (docs: "Use conditional requests if appropriate"), listed by the spec or not.
+            assert rec.method == "GET", f"{rec.method} {rec.path}: 304 to a non-GET"
+            assert rec.body is None, f"{rec.method} {rec.path} 304 must have no body"
+            assert any(k.lower() == "etag" for k in rec.headers), "a 304 names its ETag"
+            return f"{key or rec.method + ' ' + rec.path} 304"
         if entry is None:
             assert rec.status >= 400, f"{rec.method} {rec.path}: undocumented {rec.status}"
             assert isinstance(rec.body, dict), f"{rec.method} {rec.path}: error without body"
@@ -253,11 +261,14 @@ class Received:
 
 
 class WebhookReceiver:
-    """A real HTTP server that records POSTed deliveries and answers `status`."""
+    """A real HTTP server that records POSTed deliveries and answers `status`, once `answering`
+    is set (clear it to hold every answer, as a receiver stalled on its database would)."""
 
     def __init__(self) -> None:
         self.received: list[Received] = []
         self.status = 202
+        self.answering = threading.Event()
+        self.answering.set()
         self._cv = threading.Condition()
         receiver = self
 
@@ -270,6 +281,7 @@ class WebhookReceiver:
                     headers = {k.lower(): v for k, v in self.headers.items()}
                     receiver.received.append(Received(time.monotonic(), headers, body))
                     receiver._cv.notify_all()
+                receiver.answering.wait(30)
                 self.send_response(receiver.status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -292,7 +304,7 @@ class WebhookReceiver:
         )
         self._thread.start()
 
-    def wait_for(self, count: int, timeout: float = 5.0) -> list[Received]:
+    def wait_for(self, count: int, timeout: float = 30.0) -> list[Received]:
         with self._cv:
             if not self._cv.wait_for(lambda: len(self.received) >= count, timeout):
                 raise TimeoutError(f"{len(self.received)} of {count} deliveries arrived")
@@ -303,7 +315,7 @@ class WebhookReceiver:
         self._server.server_close()
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "") -> Any:
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
     """Poll `predicate` until it is truthy (returned) or the deadline passes (fails)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -370,3 +382,73 @@ def github_schemas() -> SchemaBook:
 def recorded_responses() -> list[Recorded]:
     """The GitHub API responses every test of this session has received so far."""
     return RESPONSES
+
+
+# -- recording what the client saw --------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    """One exchange as the client's transport saw it (duck-types the conftest's Recorded)."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    request_headers: httpx.Headers
+    status: int
+    headers: httpx.Headers
+    body: Any
+
+
+class RecordingTransport(httpx.HTTPTransport):
+    """The real transport, keeping a copy of each exchange; `strip` drops a GHES prefix."""
+
+    def __init__(self, strip: str = "") -> None:
+        super().__init__()
+        self.strip = strip
+        self.seen: list[Seen] = []
+        self._lock = threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        response.read()
+        path = request.url.path
+        if self.strip and path.startswith(self.strip):
+            path = path[len(self.strip) :]
+        body = json.loads(response.content) if response.content else None
+        seen = Seen(
+            request.method,
+            path,
+            urllib.parse.parse_qs(request.url.query.decode()),
+            request.headers,
+            response.status_code,
+            response.headers,
+            body,
+        )
+        with self._lock:
+            self.seen.append(seen)
+        return response
+
+    def statuses(self, method: str, path: str) -> list[int]:
+        return [s.status for s in self.seen if s.method == method and s.path == path]
+
+
+@pytest.fixture
+def recorder(github_schemas) -> Iterator[RecordingTransport]:
+    transport = RecordingTransport()
+    yield transport
+    # FAKE-03 from the client's side: whatever it got, GitHub's schemas allow.
+    for seen in transport.seen:
+        github_schemas.validate_response(seen)
+
+
+@pytest.fixture
+def app(fake_github, fake_github_clock, recorder) -> Iterator[GitHubApp]:
+    with GitHubApp(
+        fake_github.app_id,
+        fake_github.private_key_pem,
+        base_url=fake_github.url,
+        clock=fake_github_clock,
+        transport=recorder,
+    ) as github_app:
+        yield github_app

@@ -12,9 +12,7 @@ import json
 import socket
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -28,78 +26,13 @@ from runners.github.client import GitHubApp, InstallationClient, JitConfig
 from runners.github.errors import Conflict, GitHubError, NotFound, RateLimited, TransportError
 from runners.github.fake import FakeGitHub
 from runners.github.fake.runner import FakeRunner, decode_jit_config
+from tests.runners.github.conftest import RecordingTransport
 
 LABELS = ["self-hosted", "linux", "x64", "zoomies-linux-x64"]
 
 
-# -- recording what the client saw --------------------------------------------------------
-
-
-@dataclass
-class Seen:
-    """One exchange as the client's transport saw it (duck-types the conftest's Recorded)."""
-
-    method: str
-    path: str
-    query: dict[str, list[str]]
-    request_headers: httpx.Headers
-    status: int
-    headers: httpx.Headers
-    body: Any
-
-
-class RecordingTransport(httpx.HTTPTransport):
-    """The real transport, keeping a copy of each exchange; `strip` drops a GHES prefix."""
-
-    def __init__(self, strip: str = "") -> None:
-        super().__init__()
-        self.strip = strip
-        self.seen: list[Seen] = []
-        self._lock = threading.Lock()
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        response = super().handle_request(request)
-        response.read()
-        path = request.url.path
-        if self.strip and path.startswith(self.strip):
-            path = path[len(self.strip) :]
-        body = json.loads(response.content) if response.content else None
-        seen = Seen(
-            request.method,
-            path,
-            urllib.parse.parse_qs(request.url.query.decode()),
-            request.headers,
-            response.status_code,
-            response.headers,
-            body,
-        )
-        with self._lock:
-            self.seen.append(seen)
-        return response
-
-    def statuses(self, method: str, path: str) -> list[int]:
-        return [s.status for s in self.seen if s.method == method and s.path == path]
-
-
-@pytest.fixture
-def recorder(github_schemas) -> Iterator[RecordingTransport]:
-    transport = RecordingTransport()
-    yield transport
-    # FAKE-03 from the client's side: whatever it got, GitHub's schemas allow.
-    for seen in transport.seen:
-        github_schemas.validate_response(seen)
-
-
-@pytest.fixture
-def app(fake_github, fake_github_clock, recorder) -> Iterator[GitHubApp]:
-    with GitHubApp(
-        fake_github.app_id,
-        fake_github.private_key_pem,
-        base_url=fake_github.url,
-        clock=fake_github_clock,
-        transport=recorder,
-    ) as github_app:
-        yield github_app
+# The recording transport and the `recorder` and `app` fixtures are in conftest.py: the
+# hook-delivery tests use them too.
 
 
 @pytest.fixture
@@ -201,7 +134,8 @@ def test_arch10_a_token_refused_with_401_is_replaced_once_and_the_call_retried(
     gh.list_runners(org="acme")
     fake_github.expire_tokens()
     assert gh.list_runners(org="acme") == []
-    assert recorder.statuses("GET", "/orgs/acme/actions/runners") == [200, 401, 200]
+    # The retry is conditional like the first call, and the list has not changed: 304.
+    assert recorder.statuses("GET", "/orgs/acme/actions/runners") == [200, 401, 304]
     assert _token_mints(fake_github, gh.installation_id) == 2
 
 
@@ -289,7 +223,7 @@ def running_runner(gh) -> Iterator[Callable[[str], tuple[JitConfig, FakeRunner]]
 
 
 def test_delete_runner_answers_deleted_busy_or_gone(gh, fake_github, running_runner):
-    """PEERS.md point 3: a busy runner's 422 is an answer, not a crash."""
+    """A busy runner's 422 is an answer, not a crash."""
     idle = gh.generate_jitconfig(org="acme", name="zoomies-idle", labels=LABELS)
     assert gh.delete_runner(org="acme", runner_id=idle.runner_id) == "deleted"
     assert gh.delete_runner(org="acme", runner_id=idle.runner_id) == "gone"

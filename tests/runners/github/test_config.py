@@ -19,8 +19,8 @@ from accounts import sealing
 from runners.github import config
 from runners.github.errors import GitHubError
 from runners.github.fake import FakeGitHub
-from zoomies_site import registry
 from zoomies_site.actions import set_setting
+from zoomies_site.core import registry
 from zoomies_site.models import SettingValue
 
 pytestmark = pytest.mark.django_db
@@ -42,23 +42,12 @@ def other_pem() -> str:
 
 
 @pytest.fixture(autouse=True)
-def isolated(settings, tmp_path, monkeypatch):
-    """No zoomies.yaml, no ZOOMIES_* from outside, a sealing key of the test's own."""
-    settings.ZOOMIES_CONFIG_FILE = str(tmp_path / "absent-zoomies.yaml")
-    settings.DATA_DIR = tmp_path / "data"
-    for setting in registry.SETTINGS.values():
-        monkeypatch.delenv(setting.env, raising=False)
-        monkeypatch.delenv(f"{setting.env}_FILE", raising=False)
-    for name in (config.ENV_WEBHOOK_SECRET, f"{config.ENV_WEBHOOK_SECRET}_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv(sealing.KEY_FILE_ENV, raising=False)
+def isolated(registry_defaults, monkeypatch):
+    """The registry's defaults (the root `registry_defaults`) and a sealing key of the test's
+    own, given through the environment."""
     monkeypatch.setenv(sealing.KEY_ENV, secrets.token_hex(32))
     sealing.clear_key_cache()
-    registry.reload()
-    config.clear_cache()
     yield
-    registry.reload()
-    config.clear_cache()
     sealing.clear_key_cache()
 
 

@@ -273,6 +273,27 @@ def test_sched13_otherwise_the_catalogue_image_for_the_platform() -> None:
     assert plan.creates[0].image == "actions-runner"
 
 
+@pytest.mark.parametrize(
+    "image,runs",
+    [
+        ("", "ghcr.io/zoomies/runner:latest-docker"),
+        ("ghcr.io/zoomies/runner:0.1.0", "ghcr.io/zoomies/runner:0.1.0-docker"),
+        ("ghcr.io/zoomies/runner:0.0.9", "ghcr.io/zoomies/runner:0.0.9"),
+        ("registry.local/runner:7", "registry.local/runner:7"),
+    ],
+)
+def test_back16_back17_a_docker_pools_runner_runs_the_docker_variant_where_it_is_known(
+    image: str, runs: str
+) -> None:
+    """BACK-16: a pool that provides Docker on a stock tag of this build (the catalogue's
+    included) runs that tag's Docker variant; BACK-17: another build's pin or another
+    image is left as it is. A pool without Docker keeps the stock tag."""
+    plan = decide(snapshot((pool(image=image, dind=True),), (host(),), queued=jobs(1)))
+    assert plan.creates[0].image == runs
+    plan = decide(snapshot((pool(image=image),), (host(),), queued=jobs(1)))
+    assert plan.creates[0].image == (image or LINUX_RUNNER_IMAGE)
+
+
 def test_sched13_a_pool_the_catalogue_cannot_serve_is_reported_not_created() -> None:
     mac = pool(backend="docker", platform="macos/arm64")
     plan = decide(snapshot((mac,), (host(platform="macos/arm64"),), queued=jobs(1, ("macos",))))

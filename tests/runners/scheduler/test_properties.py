@@ -259,7 +259,9 @@ def check_sched05_06_10_11_creates_go_to_eligible_hosts_charged_by_the_rule(
         assert not pool.paused
         cpus, memory = expected_charge(pool.cpus, pool.memory_mb, pool.dind, host)
         assert (c.cpus or 0.0) == cpus and (c.memory_mb or 0) == memory, (c, pool, host)
-        assert c.image == (pool.image or "ghcr.io/zoomies/runner:latest") or (
+        # BACK-16: a pool that provides Docker runs the stock tag's Docker variant.
+        stock = "ghcr.io/zoomies/runner:latest" + ("-docker" if pool.dind else "")
+        assert c.image == (pool.image or stock) or (
             pool.backend == "process" and c.image == "actions-runner"
         )
         assert c.reason.startswith(

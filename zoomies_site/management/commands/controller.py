@@ -1,36 +1,50 @@
 """`python manage.py controller`: the whole control plane as one unit (ARCH-02, ARCH-03).
 
-In order: migrations, the settings findings (errors stop startup), the controller lock and
-lease, then the ASGI server (daphne), the django-q2 cluster, the embedded agent (over
-loopback HTTP, exactly as a remote agent) and the ticker that enqueues periodic passes.
+In order: the controller lock (the file lock, and the lease row once the database has its
+table), migrations, the settings findings (errors stop startup), then the web server
+(`zoomies_site.server`, daphne), the django-q2 cluster, the embedded agent (over loopback
+HTTP, exactly as a remote agent) and the ticker that enqueues periodic passes.
+
+It stops in the reverse order, and says so: the embedded agent first, while the web server
+can still take its last reports, then the workers, then the web server.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from zoomies_site import controller_lock, registry
+from fleet.embedded import embedded_host_name, start_embedded_agent
+from zoomies_site import metrics
+from zoomies_site import sandbox as sandbox_mod
+from zoomies_site.core import controller_lock, dbhealth, registry
+from zoomies_site.problems import config_findings
+from zoomies_site.recovery import recover_after_restart
 from zoomies_site.ticker import default_ticker
+
+log = logging.getLogger("zoomies.controller")
 
 
 def _die_with_parent() -> None:
     """Runs in each child before exec: the kernel sends it SIGTERM when the controller dies,
     however it dies (SIGKILL included), so no web server or worker outlives its controller
     and keeps serving the port or working the queue."""
-    import ctypes
-
     pr_set_pdeathsig = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
@@ -40,6 +54,44 @@ def split_bind(bind: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise CommandError(f"--bind must be HOST:PORT, not {bind!r}")
     return host.strip("[]"), int(port)
+
+
+def internal_port(data_dir: Path) -> int:
+    """The loopback port the web server also listens on, in plain HTTP, when the bind speaks
+    TLS: the embedded agent and the readiness check use it. Chosen once per data directory
+    and kept, since the embedded agent's credentials are for one controller URL."""
+    path = data_dir / "internal-port"
+    try:
+        port = int(path.read_text())
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+        return port
+    except (OSError, ValueError):
+        pass
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{port}\n")
+    return port
+
+
+# How long a startup that found the database unwritable waits before it tries again.
+STARTUP_RETRY_SECONDS = 2.0
+# How long a stopping controller waits for a renewal in progress: past SQLite's 20 s busy
+# timeout (zoomies_site/settings.py), which a renewal under a write lock waits out.
+RENEWAL_JOIN_SECONDS = 30.0
+
+
+def answered(response: httpx.Response) -> bool:
+    """The web server is up: /healthz answers ok, or degraded (the database takes no writes
+    this moment, which the controller rides out rather than exits on)."""
+    if response.status_code == 200:
+        return True
+    try:
+        return response.status_code == 503 and response.json().get("status") == "degraded"
+    except ValueError:
+        return False
 
 
 class Command(BaseCommand):
@@ -57,66 +109,168 @@ class Command(BaseCommand):
         self.stopping = threading.Event()
         bind = options["bind"] or registry.get("server.bind")
         host, port = split_bind(bind)
-        base_url = f"http://{host if host not in ('0.0.0.0', '::') else '127.0.0.1'}:{port}"
 
-        call_command("migrate", interactive=False, verbosity=0)  # STORE-04
-        findings = registry.startup_findings()
-        for finding in findings:
-            self.stderr.write(f"{finding.severity}: {finding.title} — {finding.fix}")
+        # ARCH-03: the lock before anything else; a refused controller must not migrate.
+        lock = self._lock()
+        web = workers = agent = sandbox = None
         try:
-            registry.raise_for_errors(findings)
-        except registry.ConfigError as exc:
-            raise CommandError(str(exc)) from exc
+            tls = bool(registry.get("server.tls_cert") and registry.get("server.tls_key"))
+            scheme, public_host = ("https" if tls else "http"), host
+            loopback = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"  # noqa: S104  # compared against, not bound
+            inner = internal_port(Path(settings.DATA_DIR)) if tls else None
+            base_url = f"http://127.0.0.1:{inner}" if tls else f"http://{loopback}:{port}"
+            # The children count into files here and /metrics adds them up; a restart clears
+            # the dead processes' files so counts start again from zero.
+            metrics_dir = Path(settings.DATA_DIR) / "prometheus"
+            metrics.clear_multiproc_dir(metrics_dir)
+            os.environ.update({metrics.MULTIPROC_ENV: str(metrics_dir)})
 
-        try:
-            lock = controller_lock.acquire(
-                now=timezone.now(),
-                ttl=registry.get("controller.lease_ttl"),
-                takeover=options["takeover"],
+            signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+            signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
+            dbhealth.clear()  # a marker a killed predecessor left says nothing now
+            web = self._open_database(
+                lock, options["takeover"], lambda: self._spawn_web(host, port, inner), base_url
             )
-        except controller_lock.ControllerRefused as exc:
-            raise CommandError(str(exc)) from exc
+            if self.stopping.is_set():
+                return
+            if web is not None:
+                # A web server started during the outage is replaced: SQLite opens a file's
+                # shared-memory index once per process, and one first opened read-only stays
+                # read-only for every connection of that process until they all close.
+                self._stop_child(web)
+                web = None
 
-        sandbox = None
-        if options["sandbox"]:
-            from zoomies_site import sandbox as sandbox_mod
+            if options["sandbox"]:
+                # Before the findings: the sandbox's own App and secret are configuration.
+                sandbox = self._start_sandbox(base_url)
+            findings = config_findings(fresh=True)
+            for finding in findings:
+                self.stderr.write(f"{finding.severity}: {finding.title} — {finding.fix}")
+            try:
+                registry.raise_for_errors(findings)
+            except registry.ConfigError as exc:
+                raise CommandError(str(exc)) from exc
+            if sandbox is not None:
+                sandbox_mod.seed(sandbox)
 
-            sandbox = sandbox_mod.start_fake_github(
-                webhook_url=f"{base_url}/webhooks/github", data_dir=Path(settings.DATA_DIR)
-            )
-            os.environ.update(sandbox.env)
-            registry.reload()
-            sandbox_mod.seed(sandbox)
-            self.stdout.write(f"sandbox: fake GitHub at {sandbox.fake.url}")
-
-        children: list[subprocess.Popen] = []
-        agent = None
-        try:
-            children.append(self._spawn_daphne(host, port))
-            children.append(self._spawn(["qcluster"]))
+            web = web or self._spawn_web(host, port, inner)
+            workers = self._spawn(["qcluster"])
+            children = [web, workers]
             self._wait_ready(base_url, children)
-            self.stdout.write(self.style.SUCCESS(f"Zoomies controller ready on {base_url}"))
+            self.stdout.write(
+                self.style.SUCCESS(f"Zoomies controller ready on {scheme}://{public_host}:{port}")
+            )
             if not options["no_agent"]:
                 agent = self._start_agent(base_url, options["agent_capacity"])
             if sandbox is not None:
                 sandbox.trickle(options["sandbox_every"])
-            signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
-            signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
             self._loop(lock, children)
         finally:
-            if agent is not None:
-                agent.stop()
-            for child in children:
-                if child.poll() is None:
-                    child.terminate()
-            for child in children:
-                try:
-                    child.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-            if sandbox is not None:
-                sandbox.stop()
+            self._shutdown(agent=agent, workers=workers, web=web, sandbox=sandbox)
             lock.release()
+
+    def _lock(self) -> controller_lock.ControllerLock:
+        """The file lock; the lease row is the database's, taken in `_open_database`."""
+        try:
+            return controller_lock.acquire(
+                now=timezone.now(), ttl=registry.get("controller.lease_ttl"), lease=False
+            )
+        except controller_lock.ControllerRefused as exc:
+            raise CommandError(str(exc)) from exc
+
+    def _open_database(
+        self,
+        lock: controller_lock.ControllerLock,
+        takeover: bool,
+        start_web: Callable[[], subprocess.Popen],
+        base_url: str,
+    ) -> subprocess.Popen | None:
+        """The lease, the migrations and the recovery, tried again for as long as the
+        database takes no writes (issue 11 item 5, at startup as in the loop): a write lock
+        another process holds or a read-only file is a degraded state, not an exit. The
+        marker file says so, and the web server starts meanwhile, so /healthz and the
+        problems list say it too; the rest starts once the database answers. Returns that
+        web server, if one was started."""
+        web = None
+        while not self.stopping.is_set():
+            try:
+                self._database_steps(lock, takeover)
+            except DatabaseError as exc:
+                if dbhealth.read() is None:
+                    log.error("database degraded at startup: %s; trying again", exc)
+                    self.stderr.write(f"database degraded: {exc}; the controller waits for it")
+                dbhealth.mark_degraded(error=str(exc), now=timezone.now())
+                connection.close()  # the next try on a fresh connection, as the probe does
+            else:
+                if dbhealth.clear():
+                    log.warning("database writable again: the controller starts")
+                return web
+            if web is None:
+                web = start_web()
+                self._wait_ready(base_url, [web])
+            elif web.poll() is not None:
+                raise CommandError(f"{web.args[:4]} exited with {web.returncode}")
+            self.stopping.wait(STARTUP_RETRY_SECONDS)
+        return web
+
+    def _database_steps(self, lock: controller_lock.ControllerLock, takeover: bool) -> None:
+        """ARCH-03: a database that has the lease table gives the lease before it migrates."""
+        if not lock.leased and controller_lock.lease_table_exists():
+            self._take_lease(lock, takeover)
+        call_command("migrate", interactive=False, verbosity=0)  # STORE-04
+        if not lock.leased:
+            self._take_lease(lock, takeover)
+        self._recover()
+
+    def _take_lease(self, lock: controller_lock.ControllerLock, takeover: bool) -> None:
+        """LEASE-03; ControllerRefused (another host holds it) is an exit, not an outage."""
+        try:
+            lock.take_lease(
+                now=timezone.now(), ttl=registry.get("controller.lease_ttl"), takeover=takeover
+            )
+        except controller_lock.ControllerRefused as exc:
+            raise CommandError(str(exc)) from exc
+
+    def _recover(self) -> None:
+        """Issue 11 item 3: what the killed predecessor held is freed now, not at expiry."""
+
+        for line in recover_after_restart(now=timezone.now(), embedded_host=embedded_host_name()):
+            self.stdout.write(f"recovery: {line}")
+
+    def _start_sandbox(self, base_url: str):
+        sandbox = sandbox_mod.start_fake_github(
+            webhook_url=f"{base_url}/webhooks/github", data_dir=Path(settings.DATA_DIR)
+        )
+        os.environ.update(sandbox.env)
+        registry.reload()
+        self.stdout.write(f"sandbox: fake GitHub at {sandbox.fake.url}")
+        return sandbox
+
+    def _shutdown(self, *, agent, workers, web, sandbox) -> None:
+        """The agent first, while the web server still takes its last reports (issue 8 #13)."""
+        if agent is not None:
+            log.info("stopping: the embedded agent")
+            agent.stop()
+        if workers is not None:
+            log.info("stopping: the workers")
+            self._stop_child(workers)
+        if web is not None:
+            log.info("stopping: the web server")
+            self._stop_child(web)
+        if sandbox is not None:
+            sandbox.stop()
+        if web is not None:
+            log.info("stopped")
+
+    @staticmethod
+    def _stop_child(child: subprocess.Popen) -> None:
+        if child.poll() is None:
+            child.terminate()
+        try:
+            child.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(timeout=5)
 
     def _spawn(self, manage_args: list[str]) -> subprocess.Popen:
         manage = Path(settings.BASE_DIR) / "manage.py"
@@ -126,23 +280,12 @@ class Command(BaseCommand):
             preexec_fn=_die_with_parent,
         )
 
-    def _spawn_daphne(self, host: str, port: int) -> subprocess.Popen:
+    def _spawn_web(self, host: str, port: int, internal: int | None) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "zoomies_site.server", "--bind", f"{host}:{port}"]
+        if internal is not None:
+            argv += ["--internal-port", str(internal)]
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                host,
-                "-p",
-                str(port),
-                "--access-log",
-                os.devnull,
-                "zoomies_site.asgi:application",
-            ],  # fmt: skip
-            cwd=str(settings.BASE_DIR),
-            env=os.environ.copy(),
-            preexec_fn=_die_with_parent,
+            argv, cwd=str(settings.BASE_DIR), env=os.environ.copy(), preexec_fn=_die_with_parent
         )
 
     def _wait_ready(self, base_url: str, children: list[subprocess.Popen]) -> None:
@@ -152,7 +295,7 @@ class Command(BaseCommand):
                 if child.poll() is not None:
                     raise CommandError(f"{child.args[:4]} exited with {child.returncode}")
             try:
-                if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
+                if answered(httpx.get(f"{base_url}/healthz", timeout=2)):
                     return
             except httpx.HTTPError:
                 pass
@@ -160,34 +303,77 @@ class Command(BaseCommand):
         raise CommandError(f"the web server did not answer {base_url}/healthz within 60 s")
 
     def _start_agent(self, base_url: str, capacity: int):
-        from fleet.embedded import start_embedded_agent
-
         return start_embedded_agent(
             controller_url=base_url,
             state_dir=Path(settings.DATA_DIR) / "agent",
             capacity=capacity,
         )
 
+    def _renew(self, lock) -> bool | None:
+        """Renew the lease, which is also the write probe; None when the database took no
+        write. Issue 11 item 5: a stalled or read-only database is a degraded state (marker
+        file, /healthz 503, a problem), not an exit, and it ends with the first write that
+        goes through."""
+        try:
+            renewed = controller_lock.renew_lease(
+                holder=lock.holder, now=timezone.now(), ttl=registry.get("controller.lease_ttl")
+            )
+        except DatabaseError as exc:
+            if dbhealth.read() is None:
+                log.error("database degraded: %s", exc)
+            dbhealth.mark_degraded(error=str(exc), now=timezone.now())
+            return None
+        finally:
+            # A fresh connection for each probe: one opened before the file turned read-only
+            # would keep writing through it and hide the problem from everyone else.
+            connection.close()
+        if dbhealth.clear():
+            log.warning("database writable again: the controller carries on")
+        return renewed
+
     def _loop(self, lock, children: list[subprocess.Popen]) -> None:
         ticker = default_ticker(timezone.now())
         renew_every = registry.get("controller.lease_renew").total_seconds()
-        next_renew = time.monotonic() + renew_every
+        # The write probe runs on a thread of its own: a ticker round enqueues through the
+        # database (django-q2's ORM broker), and under another process's write lock each
+        # enqueue waits out SQLite's busy timeout, 20 s a task. Behind such a round the probe
+        # never ran, and /healthz said ok all through a 45 s lock.
+        done = threading.Event()
+        renewal = threading.Thread(
+            target=self._renew_loop, args=(lock, renew_every, done), name="lease-renewal",
+            daemon=True,
+        )  # fmt: skip
+        renewal.start()
+        next_close = time.monotonic() + renew_every
+        try:
+            while not self.stopping.is_set():
+                for child in children:
+                    if child.poll() is not None:
+                        raise CommandError(f"{child.args[:4]} exited with {child.returncode}")
+                ticker.step(timezone.now())
+                if time.monotonic() >= next_close:
+                    # The ticker's connection, afresh as often as the probe's: one broken by
+                    # a database restart is never reopened by Django outside a request.
+                    next_close = time.monotonic() + renew_every
+                    connection.close()
+                self.stopping.wait(0.5)
+        finally:
+            done.set()
+            # A renewal after the lease is released below would find it gone (LEASE-07).
+            renewal.join(RENEWAL_JOIN_SECONDS)
+
+    def _renew_loop(self, lock, renew_every: float, done: threading.Event) -> None:
+        """The lease renewal and write probe, every `controller.lease_renew` until `done`."""
         lease_lost = False
-        while not self.stopping.is_set():
-            for child in children:
-                if child.poll() is not None:
-                    raise CommandError(f"{child.args[:4]} exited with {child.returncode}")
-            ticker.step(timezone.now())
-            if time.monotonic() >= next_renew:
-                next_renew = time.monotonic() + renew_every
-                renewed = controller_lock.renew_lease(
-                    holder=lock.holder, now=timezone.now(), ttl=registry.get("controller.lease_ttl")
-                )
-                if not renewed and not lease_lost:
+        while not done.wait(renew_every):
+            try:
+                renewed = self._renew(lock)
+                if renewed is False and not lease_lost:
                     # LEASE-07: two schedulers are running. Say so, and keep saying so: this
                     # is not a state a process recovers from by trying again.
                     lease_lost = True
                     controller_lock.record_lease_lost(holder=lock.holder, now=timezone.now())
-                if lease_lost:
-                    self.stderr.write("controller.lease_lost: another controller took the lease")
-            self.stopping.wait(0.5)
+            except Exception:  # the probe must outlive a fault of ours, or nothing says degraded
+                log.exception("lease renewal failed")
+            if lease_lost:
+                self.stderr.write("controller.lease_lost: another controller took the lease")

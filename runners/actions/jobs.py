@@ -1,0 +1,155 @@
+"""Job actions: the one writer of a job's status (HOOK-03) and of its fleet failure."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import IntegrityError, transaction
+
+from accounts import audit
+from runners.actions import steps
+from runners.models import Installation, Job, Runner
+from runners.states import JobStatus, job_statuses_before
+from zoomies_site import metrics
+from zoomies_site.events import emit
+
+log = logging.getLogger("zoomies.runners")
+
+
+@dataclass(frozen=True)
+class JobUpdate:
+    """One observation of a GitHub job, from a webhook delivery or the poller."""
+
+    github_id: int
+    status: str
+    repository: str
+    labels: tuple[str, ...] = ()
+    run_id: int | None = None
+    name: str = ""
+    conclusion: str = ""
+    runner_name: str = ""
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+
+
+def normalise_status(status: str) -> str | None:
+    """GitHub's job statuses mapped onto ours; requested/pending count as queued."""
+    if status in ("requested", "pending"):
+        return JobStatus.QUEUED
+    return status if status in JobStatus.values else None
+
+
+def record_job(
+    update: JobUpdate,
+    *,
+    installation: Installation | None,
+    now: datetime,
+    source: str,
+    actor: str,
+) -> tuple[Job | None, bool]:
+    """Upsert a job, never moving it backwards (HOOK-03); returns (job, moved).
+
+    The move is a compare-and-set on the status, so two deliveries racing for one job
+    cannot move it backwards either. Joins the caller's transaction, without a savepoint
+    (see apply_job_update).
+    """
+    status = normalise_status(update.status)
+    if status is None:
+        log.info("job %s: ignoring unknown status %r", update.github_id, update.status)
+        return None, False
+    fields = {
+        "status": status,
+        "updated_at": now,
+        "source": source,
+    }
+    if update.conclusion:
+        fields["conclusion"] = update.conclusion
+    if update.runner_name:
+        fields["runner_name"] = update.runner_name
+    if update.started_at:
+        fields["started_at"] = update.started_at
+    if update.completed_at or status == JobStatus.COMPLETED:
+        fields["completed_at"] = update.completed_at or now
+    with transaction.atomic(savepoint=False):
+        job = Job.objects.filter(github_id=update.github_id).first()
+        if job is None:
+            try:
+                with transaction.atomic():
+                    job = Job.objects.create(
+                        github_id=update.github_id,
+                        run_id=update.run_id,
+                        installation=installation,
+                        repository=update.repository,
+                        name=update.name,
+                        labels=list(update.labels),
+                        created_at=update.created_at or now,
+                        **fields,
+                    )
+            except IntegrityError:
+                # A concurrent delivery created it first; fall through to the guarded move.
+                job = Job.objects.get(github_id=update.github_id)
+            else:
+                audit.record(
+                    actor=actor, action=f"job.{status}", target=job, detail={"source": source}
+                )
+                emit(f"job.{status}", job, at=now)
+                return job, True
+        moved = Job.objects.filter(pk=job.pk, status__in=job_statuses_before(status)).update(
+            **fields
+        )
+        if moved:
+            if installation is not None and job.installation_id is None:
+                Job.objects.filter(pk=job.pk).update(installation=installation)
+            audit.record(
+                actor=actor,
+                action=f"job.{status}",
+                target=job,
+                detail={"from": job.status, "source": source},
+            )
+            emit(f"job.{status}", job, at=now)
+        job.refresh_from_db()
+    return job, bool(moved)
+
+
+def apply_job_update(
+    update: JobUpdate,
+    *,
+    installation: Installation | None,
+    now: datetime,
+    source: str,
+    actor: str,
+) -> Job | None:
+    """The path webhooks and the poller share: record the job, then move its runner.
+
+    Not durable, on purpose: a webhook delivery commits its WebhookDelivery row and the job
+    it carries in one transaction (HOOK-02), so this joins the caller's when there is one,
+    without a savepoint of its own (a burst of deliveries would pay two statements a job for
+    it): a caller that carries on after a failure here wraps the call in its own savepoint,
+    as runners.webhooks.record does for each delivery.
+    """
+    with transaction.atomic(savepoint=False):
+        job, moved = record_job(
+            update, installation=installation, now=now, source=source, actor=actor
+        )
+        if job is None or not moved:
+            # A stale or repeated update moves no runner: a late `completed` must not flip a
+            # reusable runner that has since taken another job back to idle.
+            return job
+        if job.status == JobStatus.IN_PROGRESS:
+            steps.link_job_runner(job, now=now, actor=actor)
+            transaction.on_commit(lambda: metrics.job_started(job.created_at, job.started_at))
+        elif job.status == JobStatus.COMPLETED:
+            steps.finish_job_runner(job, now=now, actor=actor)
+    return job
+
+
+def mark_jobs_fleet_failure(
+    runners: Iterable[Runner], *, reason: str, now: datetime, actor: str
+) -> int:
+    """HOST-04: a job still running on one of `runners` is marked as the fleet's failure."""
+    with transaction.atomic(durable=True):
+        return steps.mark_fleet_failure(runners, reason=reason, now=now, actor=actor)

@@ -1,0 +1,202 @@
+"""Pool and installation actions: create, change, pause, resume, delete (issue 10 item 6).
+
+Validation is the model's (`Pool.clean`, so the admin, the API and zoomies.yaml agree); each
+action is one durable transaction with its audit row and its outbox event.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from accounts import audit
+from fleet.models import AgentTask, Host
+from fleet.states import OPEN_TASK_STATES, HostHealth, TaskKind
+from fleet.taskqueue import enqueue_task
+from runners import naming
+from runners.models import Installation, Pool, Runner
+from runners.pool_views import PoolUnreadable, pool_view
+from runners.scheduler import HostView
+from runners.scheduler.matching import host_offers_pool
+from runners.states import LIVE_STATES
+from runners.wake import wake_reconcile
+from zoomies_site.events import emit
+
+
+class PoolInUse(Exception):
+    """The pool still has runners; deleting it would orphan them."""
+
+
+class CannotPrewarm(Exception):
+    """The pool has nothing a host could prepare ahead of time (its reason says why)."""
+
+
+def _wake() -> None:
+    # A new, resumed or changed pool may owe runners now: the pass decides, after commit.
+    transaction.on_commit(wake_reconcile)
+
+
+def create_pool(values: dict[str, Any], *, actor: str, now: datetime) -> Pool:
+    pool = Pool(**values)
+    pool.full_clean()
+    with transaction.atomic(durable=True):
+        pool.save()
+        audit.record(actor=actor, action="pool.create", target=pool, at=now)
+        emit("pool.created", pool, at=now)
+        _wake()
+    return pool
+
+
+def update_pool(pool: Pool, changes: dict[str, Any], *, actor: str, now: datetime) -> Pool:
+    before = {field: getattr(pool, field) for field in changes}
+    for field, value in changes.items():
+        setattr(pool, field, value)
+    pool.full_clean()
+    with transaction.atomic(durable=True):
+        pool.save(update_fields=list(changes) or None)
+        audit.record(
+            actor=actor,
+            action="pool.update",
+            target=pool,
+            detail={"before": _plain(before), "after": _plain(changes)},
+            at=now,
+        )
+        emit("pool.updated", pool, at=now)
+        _wake()
+    return pool
+
+
+def set_pool_paused(pool: Pool, *, paused: bool, actor: str, now: datetime) -> bool:
+    """Pause (no new runners; the live ones finish their jobs) or resume. True if it moved."""
+    with transaction.atomic(durable=True):
+        moved = Pool.objects.filter(pk=pool.pk, paused=not paused).update(paused=paused)
+        if moved:
+            audit.record(
+                actor=actor, action="pool.pause" if paused else "pool.resume", target=pool, at=now
+            )
+            emit("pool.paused" if paused else "pool.resumed", pool, at=now)
+            _wake()
+    pool.paused = paused
+    return bool(moved)
+
+
+def delete_pool(pool: Pool, *, actor: str, now: datetime) -> None:
+    """Delete a pool with no live runners; its finished runners go with it."""
+    with transaction.atomic(durable=True):
+        live = Runner.objects.filter(pool=pool, state__in=list(LIVE_STATES)).count()
+        if live:
+            raise PoolInUse(
+                f"pool {pool.name} has {live} live runner(s): pause it and drain them first"
+            )
+        pk, name = pool.pk, pool.name
+        Runner.objects.filter(pool=pool).delete()
+        pool.delete()
+        audit.record(
+            actor=actor,
+            action="pool.delete",
+            target=Pool(pk=pk),
+            detail={"name": name},
+            at=now,
+        )
+        emit("pool.deleted", Pool(pk=pk), at=now)
+
+
+def add_installation(
+    *, github_id: int, account: str, kind: str, repositories: list[str], actor: str, now: datetime
+) -> tuple[Installation, bool]:
+    """Record (or re-activate) a GitHub App installation Zoomies serves."""
+    installation = Installation(
+        github_id=github_id, account=account, kind=kind, repositories=repositories
+    )
+    installation.full_clean(validate_unique=False)
+    with transaction.atomic(durable=True):
+        installation, created = Installation.objects.update_or_create(
+            github_id=github_id,
+            defaults={
+                "account": account,
+                "kind": kind,
+                "repositories": repositories,
+                "active": True,
+            },
+        )
+        audit.record(
+            actor=actor,
+            action="installation.create" if created else "installation.update",
+            target=installation,
+            at=now,
+        )
+    return installation, created
+
+
+def remove_installation(installation: Installation, *, actor: str, now: datetime) -> bool:
+    """Stop serving an installation: kept as a state (inactive), so its history stays."""
+    with transaction.atomic(durable=True):
+        moved = Installation.objects.filter(pk=installation.pk, active=True).update(active=False)
+        if moved:
+            audit.record(actor=actor, action="installation.remove", target=installation, at=now)
+    return bool(moved)
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.pk if hasattr(v, "pk") else str(v) if hasattr(v, "seconds") else v)
+            for k, v in values.items()}  # fmt: skip
+
+
+def _host_view(host: Host) -> HostView:
+    # Only what `host_offers_pool` reads: backends, platform, labels.
+    return HostView(
+        id=host.pk, name=host.name, healthy=True, cordoned=False,
+        backends=tuple(host.backends or ()), platform=host.platform or None,
+        labels=tuple(sorted((str(k), str(v)) for k, v in (host.labels or {}).items())),
+        capacity=host.capacity, cpus=None, memory_mb=None,
+    )  # fmt: skip
+
+
+def prewarm_pool(pool: Pool, *, actor: str, now: datetime) -> tuple[str, list[str]]:
+    """AGENT-14: an image_prewarm task for every healthy, uncordoned host that could run the
+    pool, naming the image its runners would run (BACK-16's variant included); a host that
+    already has one open for that image is not asked twice. Answers (image, host names).
+
+    Each agent queues it behind its creates in its one start slot (AGENT-02), and reuses a
+    preparation across pools for a minute (AGENT-15)."""
+    if pool.backend not in naming.CONTAINER_BACKENDS:
+        raise CannotPrewarm(f"pool {pool.name} runs on the {pool.backend} backend: no image")
+    try:
+        image = naming.runner_image(pool.image, pool.platform, pool.backend, dind=pool.dind)
+    except ValueError as exc:
+        raise CannotPrewarm(f"pool {pool.name}: {exc}") from exc
+    try:
+        view = pool_view(pool)
+    except PoolUnreadable as exc:
+        raise CannotPrewarm(f"pool {pool.name} cannot be read: {exc}") from exc
+    hosts = [
+        h
+        for h in Host.objects.filter(health=HostHealth.HEALTHY, cordoned=False).order_by("pk")
+        if host_offers_pool(_host_view(h), view)
+    ]
+    open_already = set(
+        AgentTask.objects.filter(
+            host__in=hosts,
+            kind=TaskKind.IMAGE_PREWARM,
+            state__in=OPEN_TASK_STATES,
+            payload__image=image,
+        ).values_list("host_id", flat=True)
+    )
+    payload = {"backend": pool.backend, "image": image, "pool": pool.name, "dind": pool.dind}
+    asked = [h for h in hosts if h.pk not in open_already]
+    with transaction.atomic(durable=True):
+        for host in asked:
+            enqueue_task(
+                host_id=host.pk, runner_id=None, kind=TaskKind.IMAGE_PREWARM, payload=payload,
+                now=now,
+            )  # fmt: skip
+        audit.record(
+            actor=actor,
+            action="pool.prewarm",
+            target=pool,
+            detail={"image": image, "hosts": [h.name for h in asked]},
+            at=now,
+        )
+    return image, [h.name for h in asked]

@@ -1,0 +1,177 @@
+"""Applying an agent's runner reports (RUN-15..18): what the host says its workloads did."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+
+from fleet import protocol
+from fleet.errors import InvalidRequest
+from fleet.models import AgentTask, Host
+from fleet.states import TaskKind, TaskState
+from fleet.taskqueue import cancel_tasks
+from runners.actions import steps
+from runners.models import Job, Runner
+from runners.states import TERMINAL_STATES, JobStatus, RunnerState
+from runners.transitions import transition_runner
+from runners.wake import wake_reconcile
+from zoomies_site.events import emit
+
+REPORTED_STATES = {
+    "registering": RunnerState.REGISTERING,
+    "removed": RunnerState.REMOVED,
+    "failed": RunnerState.FAILED,
+}
+
+
+def clean_reports(reports: Any) -> list[dict]:
+    """The protocol's reading of a reports list; a malformed one is a 400, an unknown state
+    a refusal."""
+    try:
+        return [r.to_json() for r in protocol.read_reports(reports)]
+    except protocol.ProtocolError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def apply_agent_reports(*, host: Host, reports: Any, now: datetime) -> tuple[list[int], list[int]]:
+    """Apply an agent's runner reports; returns (accepted, refused) runner ids.
+
+    Each report is one durable transaction. RUN-18: a report about a runner that is not on
+    this host is refused. RUN-15: the agent asserts `registering`, then only phases, then
+    `removed` or `failed`. RUN-16: a running phase makes a registering runner idle, never
+    busy (only GitHub makes a runner busy). A report about a runner already ended is
+    accepted and changes nothing but its phase and exit code, so the agent may clean up
+    (AGENT-18).
+    """
+    accepted: list[int] = []
+    refused: list[int] = []
+    ended = False
+    actor = host.actor
+    for report in clean_reports(reports):
+        runner_id = report["runner_id"]
+        state = report.get("state")
+        if state is not None and state not in REPORTED_STATES:
+            refused.append(runner_id)
+            continue
+        with transaction.atomic(durable=True):
+            # Locked for the whole report, so a GitHub signal cannot slip in between the
+            # read of `registering` and the move to idle (it would make busy -> idle).
+            runner = Runner.objects.select_for_update().filter(pk=runner_id).first()
+            if runner is None or runner.host_id != host.pk:
+                refused.append(runner_id)
+                continue
+            _apply_report(runner, report, now=now, actor=actor)
+        accepted.append(runner_id)
+        if state in ("removed", "failed"):
+            ended = True
+    if ended:
+        # A slot came free: the next pass should not wait for the ticker.
+        wake_reconcile()
+    return accepted, refused
+
+
+def _catch_up_started_job(runner: Runner, *, now: datetime, actor: str) -> None:
+    """RUN-16, HOOK-05: GitHub's in_progress can arrive while the runner is still
+    provisioning, where busy is off the allow-list and the move was dropped; the job row kept
+    it. Once the runner is registering or idle, that stored GitHub signal makes it busy
+    (registering->busy and idle->busy are drawn edges), so a running job is never left on a
+    runner the scheduler thinks is idle."""
+    job = (
+        Job.objects.filter(
+            Q(runner_name=runner.name) | Q(runner=runner), status=JobStatus.IN_PROGRESS
+        )
+        .order_by("pk")
+        .first()
+    )
+    if job is None:
+        return
+    if steps.link_job_runner(job, now=now, actor=actor) is None and job.runner_id == runner.pk:
+        # Linked by id but unnamed: link_job_runner finds runners by name only.
+        transition_runner(
+            runner.pk, RunnerState.BUSY, now=now, actor=actor, reason=f"job {job.github_id} started"
+        )
+
+
+def _apply_report(runner: Runner, report: dict, *, now: datetime, actor: str) -> None:
+    state = report.get("state")
+    phase = report.get("phase")
+    exit_code = report.get("exit_code")
+    message = (report.get("message") or "").strip()
+    live = runner.state not in TERMINAL_STATES
+    # Whether this report moved the runner to where GitHub's in_progress can land (below).
+    came_online = False
+    # `registering` moves only a row still provisioning: one drained meanwhile stays draining.
+    if runner.state == RunnerState.PROVISIONING and state == "registering":
+        came_online = transition_runner(
+            runner.pk,
+            RunnerState.REGISTERING,
+            now=now,
+            actor=actor,
+            reason="the agent started the workload",
+        ).changed
+    elif live and state == "removed":
+        transition_runner(
+            runner.pk, RunnerState.REMOVED, now=now, actor=actor, reason="the workload exited"
+        )
+    elif live and state == "failed":
+        if not message:
+            message = (
+                f"the runner exited with code {exit_code}"
+                if exit_code is not None
+                else "the agent reported the runner failed"
+            )
+        transition_runner(
+            runner.pk,
+            RunnerState.FAILED,
+            now=now,
+            actor=actor,
+            reason="the workload failed",
+            message=message,
+        )
+    if live and phase == "running":
+        current = Runner.objects.filter(pk=runner.pk).values_list("state", flat=True).first()
+        if current == RunnerState.REGISTERING:
+            came_online |= transition_runner(
+                runner.pk,
+                RunnerState.IDLE,
+                now=now,
+                actor=actor,
+                reason="the runner process is running",
+            ).changed
+    if came_online:
+        _catch_up_started_job(runner, now=now, actor=actor)
+    if not live and phase == "running":
+        # Issue 11 item 4: a failed runner its host says is still running keeps its job.
+        steps.spare_busy_workloads(runner.host, now=now, actor=actor, runners=[runner])
+    extra: dict = {}
+    if phase is not None:
+        extra["phase"] = phase[:32]
+    if exit_code is not None:
+        extra["exit_code"] = exit_code
+    if (
+        state in ("failed", "removed")
+        and report.get("output_tail")
+        and runner.state != RunnerState.REMOVED
+    ):
+        # Issue 8 item 14, issue 9: the workload and its log go; the row keeps their end.
+        extra["output_tail"] = report["output_tail"]
+    if extra:
+        Runner.objects.filter(pk=runner.pk).update(**extra)
+        # Agents repeat the phase in every report: only a change is news.
+        if any(getattr(runner, field) != value for field, value in extra.items()):
+            emit("runner.reported", runner, at=now)
+    if state in ("removed", "failed"):
+        # The workload is gone: a create or stop still queued for it has nothing to act on.
+        cancel_tasks(
+            AgentTask.objects.filter(
+                runner=runner,
+                kind__in=[TaskKind.CREATE_RUNNER, TaskKind.STOP_RUNNER],
+                state=TaskState.PENDING,
+            ),
+            now=now,
+            actor=actor,
+            reason=f"the runner was {state}",
+        )

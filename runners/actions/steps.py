@@ -1,0 +1,281 @@
+"""The building blocks of runner and job actions, run inside an action's transaction.
+
+Each is a step, not an action: it opens no transaction of its own that would commit on
+its own, so an action (here, or a fleet action whose change ends runners, such as a host
+joining again or being lost) composes them into one transaction with its own rows. Every
+runner move is `runners.transitions.transition_runner`; every task is enqueued or cancelled
+through `fleet.taskqueue`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from django.db.models import Q
+
+from accounts import audit
+from fleet.models import AgentTask, Host
+from fleet.states import OPEN_TASK_STATES, TaskKind, TaskState
+from fleet.taskqueue import cancel_tasks, enqueue_task
+from runners.models import Job, Runner
+from runners.states import JOB_RANK, LIVE_STATES, JobStatus, RunnerState
+from runners.transitions import TransitionResult, transition_runner
+from zoomies_site.core import registry
+from zoomies_site.events import emit
+
+
+def _has_open_task(runner: Runner, kind: str) -> bool:
+    return runner.tasks.filter(kind=kind, state__in=OPEN_TASK_STATES).exists()
+
+
+def drain(
+    runner: Runner,
+    *,
+    now: datetime,
+    actor: str,
+    reason: str,
+    expected_from: Iterable[str] | None = None,
+    deregistered_at: datetime | None = None,
+) -> TransitionResult:
+    """Runner -> draining, and its host gets a stop task.
+
+    A busy runner is given `runners.drain_grace` to finish its job before it is signalled
+    (RUN-11); any other runner is signalled at once. Whether it was busy is read from the
+    row the transition moved, never from the caller's copy. A create still waiting for the
+    agent is cancelled: it would start a workload nobody wants (AGENT-06). `deregistered_at`
+    records that GitHub confirmed the registration deleted (an idle drain).
+    """
+    result = transition_runner(
+        runner.pk,
+        RunnerState.DRAINING,
+        now=now,
+        actor=actor,
+        reason=reason,
+        expected_from=expected_from,
+        extra={"deregistered_at": deregistered_at} if deregistered_at else None,
+    )
+    if not result.changed or not runner.host_id:
+        return result
+    cancel_tasks(
+        runner.tasks.filter(kind=TaskKind.CREATE_RUNNER, state=TaskState.PENDING),
+        now=now,
+        actor=actor,
+        reason="its runner is draining",
+    )
+    if not _has_open_task(runner, TaskKind.STOP_RUNNER):
+        was_busy = result.previous == RunnerState.BUSY
+        grace = registry.get("runners.drain_grace") if was_busy else timedelta(0)
+        enqueue_task(
+            host_id=runner.host_id,
+            runner_id=runner.pk,
+            kind=TaskKind.STOP_RUNNER,
+            payload={
+                "runner_id": runner.pk,
+                "grace": int(grace.total_seconds()),
+                "timeout": int(registry.get("agent.stop_margin").total_seconds()),
+            },
+            now=now,
+        )
+    return result
+
+
+def fail(
+    runner: Runner,
+    *,
+    now: datetime,
+    actor: str,
+    message: str,
+    reason: str = "",
+    expected_from: Iterable[str] | None = None,
+) -> TransitionResult:
+    """Runner -> failed with a sentence saying why; its host is asked to clean up."""
+    result = transition_runner(
+        runner.pk,
+        RunnerState.FAILED,
+        now=now,
+        actor=actor,
+        reason=reason or message,
+        message=message,
+        expected_from=expected_from,
+    )
+    if not result.changed or not runner.host_id:
+        return result
+    # A create still waiting for the agent would start a doomed workload.
+    cancel_tasks(
+        runner.tasks.filter(kind=TaskKind.CREATE_RUNNER, state=TaskState.PENDING),
+        now=now,
+        actor=actor,
+        reason="its runner failed",
+    )
+    if not _has_open_task(runner, TaskKind.REMOVE_RUNNER):
+        enqueue_task(
+            host_id=runner.host_id,
+            runner_id=runner.pk,
+            kind=TaskKind.REMOVE_RUNNER,
+            payload={"runner_id": runner.pk},
+            now=now,
+        )
+    return result
+
+
+def mark_fleet_failure(runners: Iterable[Runner], *, reason: str, now: datetime, actor: str) -> int:
+    """HOST-04: a job still running on one of `runners` is marked as the fleet's failure.
+
+    The one writer of `Job.fleet_failure`: a compare-and-set from blank, so a job keeps the
+    first reason it was given.
+    """
+    runners = list(runners)
+    if not runners:
+        return 0
+    jobs = list(
+        Job.objects.filter(
+            Q(runner__in=runners) | Q(runner_name__in=[r.name for r in runners]),
+            fleet_failure="",
+        ).exclude(status=JobStatus.COMPLETED)
+    )
+    marked = 0
+    for job in jobs:
+        if Job.objects.filter(pk=job.pk, fleet_failure="").update(
+            fleet_failure=reason[:300], updated_at=now
+        ):
+            marked += 1
+            audit.record(
+                actor=actor,
+                action="job.fleet_failure",
+                target=job,
+                detail={"reason": reason, "runner": job.runner_name or job.runner_id},
+                at=now,
+            )
+            emit("job.fleet_failure", job, at=now)
+    return marked
+
+
+def fail_live_runners(
+    host: Host, *, now: datetime, actor: str, message: str, job_failure: str
+) -> list[str]:
+    """Fail every runner still live on `host`; a job one was running is the fleet's failure."""
+    failed: list[Runner] = []
+    for runner in Runner.objects.filter(host=host, state__in=list(LIVE_STATES)).order_by("pk"):
+        if fail(runner, now=now, actor=actor, message=message).changed:
+            failed.append(runner)
+    mark_fleet_failure(failed, reason=job_failure, now=now, actor=actor)
+    return [f"runner {r.name} failed: {message}" for r in failed]
+
+
+def runner_task_failed(task: AgentTask, *, error: str, now: datetime, actor: str) -> None:
+    """What a failed agent task means for its runner.
+
+    RUN-14: a failed create fails the runner with the agent's reason. TASK-05: a failed stop
+    fails it too (which asks the host for a remove and frees the slot): nothing else would
+    end a runner its host could not stop. A failed remove is issued again by housekeeping
+    until the host confirms one (TASK-08).
+    """
+    runner = task.runner
+    if runner is None:
+        return
+    if task.kind == TaskKind.CREATE_RUNNER:
+        fail(runner, now=now, actor=actor, message=error or "the agent could not start the runner")
+    elif task.kind == TaskKind.STOP_RUNNER:
+        message = "the host could not stop the runner"
+        fail(
+            runner,
+            now=now,
+            actor=actor,
+            message=f"{message}: {error}" if error else message,
+            expected_from=LIVE_STATES,
+        )
+
+
+def link_job_runner(job: Job, *, now: datetime, actor: str) -> Runner | None:
+    """HOOK-05: an in-progress job names its runner; that runner is busy, and linked.
+
+    Only a GitHub signal (a webhook or the poller) makes a runner busy (RUN-16).
+    """
+    if not job.runner_name:
+        return None
+    runner = Runner.objects.filter(name=job.runner_name).first()
+    if runner is None:
+        return None
+    if job.runner_id != runner.pk:
+        Job.objects.filter(pk=job.pk).update(runner=runner)
+        job.runner_id = runner.pk
+        emit("job.linked", job, at=now)
+    if JOB_RANK[job.status] == JOB_RANK[JobStatus.IN_PROGRESS]:
+        transition_runner(
+            runner.pk, RunnerState.BUSY, now=now, actor=actor, reason=f"job {job.github_id} started"
+        )
+    return runner
+
+
+def finish_job_runner(job: Job, *, now: datetime, actor: str) -> None:
+    """HOOK-06: a completed job starts the removal of its ephemeral runner.
+
+    The runner exits by itself after its one job; draining plus a stop task makes sure a
+    runner that does not is still taken away, and the agent's report ends it.
+    """
+    runner = link_job_runner(job, now=now, actor=actor)
+    if runner is None:
+        return
+    # The job GitHub was busy with has ended: an idle drain it refused may be asked again.
+    Runner.objects.filter(pk=runner.pk, drain_deferred_until__isnull=False).update(
+        drain_deferred_until=None
+    )
+    runner.refresh_from_db()
+    if runner.ephemeral:
+        if runner.state in (RunnerState.IDLE, RunnerState.REGISTERING):
+            # Its `in_progress` was lost, but GitHub says it ran this job: it is exiting after
+            # its one job, not idle. As busy it gets the drain grace to exit by itself; a stop
+            # at once would kill it mid-exit, and that failure holds the pool's starts back.
+            transition_runner(
+                runner.pk,
+                RunnerState.BUSY,
+                now=now,
+                actor=actor,
+                reason=f"job {job.github_id} ran on it (its start was not heard)",
+            )
+        drain(runner, now=now, actor=actor, reason=f"job {job.github_id} completed")
+    elif runner.state == RunnerState.BUSY:
+        transition_runner(runner.pk, RunnerState.IDLE, now=now, actor=actor, reason="job finished")
+
+
+def spare_busy_workloads(
+    host: Host, *, now: datetime, actor: str, runners: Iterable[Runner] | None = None
+) -> list[str]:
+    """Issue 11 item 4 (docs/reliability.md): a host back after being judged lost keeps the
+    workloads still running jobs GitHub shows in progress.
+
+    The rows stay failed (HOST-04: the host was lost, its runners were failed and their jobs
+    marked as the fleet's failure); only the removes queued for those workloads are
+    cancelled, so the jobs finish. A cancelled remove is not re-issued (TASK-08 re-issues
+    failed and abandoned ones), and the ephemeral runner exits once its job ends. `runners`
+    narrows the check to those (an agent's report); by default every failed runner of the
+    host. Runs inside the caller's transaction.
+    """
+    failed = Runner.objects.filter(host=host, state=RunnerState.FAILED)
+    if runners is not None:
+        failed = failed.filter(pk__in=[r.pk for r in runners])
+    by_name = {r.name: r for r in failed}
+    if not by_name:
+        return []
+    busy = Job.objects.filter(status=JobStatus.IN_PROGRESS).filter(
+        Q(runner__in=list(by_name.values())) | Q(runner_name__in=list(by_name))
+    )
+    lines = []
+    for job in busy.order_by("pk"):
+        runner = by_name.get(job.runner_name) or next(
+            (r for r in by_name.values() if r.pk == job.runner_id), None
+        )
+        if runner is None:
+            continue
+        cancelled = cancel_tasks(
+            runner.tasks.filter(kind=TaskKind.REMOVE_RUNNER),
+            now=now,
+            actor=actor,
+            reason=f"its host came back and job {job.github_id} is still in progress",
+        )
+        if cancelled:
+            lines.append(
+                f"runner {runner.name}: remove cancelled, job {job.github_id} still running"
+            )
+    return lines

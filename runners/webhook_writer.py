@@ -1,0 +1,280 @@
+"""Webhook deliveries recorded in bursts by one long-lived thread (group commit).
+
+Both routes of `POST /webhooks/github` (runners.webhook_asgi under daphne, the Django view
+under WSGI) hand each delivery to `submit` and wait for its answer at most ANSWER_BUDGET
+seconds (issue 11 item 1). One thread per process takes whatever has queued, checks each
+delivery and records them all in ONE transaction (`runners.webhooks.record`), then answers
+each. So under load a commit, the connection and the reconcile wake are paid once per
+burst, not once per delivery (docs/performance.md has the profile); with one delivery at a
+time it is the same single transaction as before.
+
+Nothing is answered 2xx before its transaction has committed: a delivery is never lost
+once answered 2xx. A delivery not answered within the budget gets a 503 and stays queued:
+it is still recorded if the database comes back, and GitHub's redelivery of it is then a
+duplicate (HOOK-02). The thread keeps its database connection between bursts (it is ours,
+not one of Django's request threads, which Django closes after each request); it closes it
+on any database error and when stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future, wait
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+
+from runners import webhooks
+from runners.github.config import webhook_max_body, webhook_secrets
+from zoomies_site import metrics
+from zoomies_site.core.registry import CACHE_SECONDS
+
+log = logging.getLogger("zoomies.webhooks")
+
+# Issue 11 item 1: the longest a delivery waits for the database before it is answered 503.
+# GitHub gives up after 10 s and never redelivers by itself; a clear 503 well inside that is
+# one the operator's redelivery (or the hook-deliveries sweep) can make good, a timeout is not.
+ANSWER_BUDGET = 5.0
+BUSY = webhooks.Outcome(
+    503, {"error": "the database is busy; the delivery was not recorded in time, redeliver it"}
+)
+FAILED = webhooks.Outcome(500, {"error": "the delivery could not be processed"})
+# The most deliveries one transaction takes: a burst larger than this is written in several,
+# so no single transaction holds SQLite's write lock for long.
+MAX_BURST = 64
+THREAD_NAME = "webhook-writer"
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the routes read from HTTP: the raw body and the GitHub headers."""
+
+    body: bytes
+    event: str | None
+    delivery_id: str | None
+    signature: str | None
+    received_at: datetime
+    max_body: int
+
+
+_STOP = object()
+
+
+class Writer:
+    """The thread that records deliveries; started by the first `submit`."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, request: Request) -> Future[webhooks.Outcome]:
+        """Queue a delivery; the future holds its answer once its burst has committed."""
+        future: Future[webhooks.Outcome] = Future()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, args=(self._queue,), name=THREAD_NAME, daemon=True
+                )
+                self._thread.start()
+            self._queue.put((request, future))
+        return future
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Answer what is queued, close the thread's connection and end it."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            # The next submit starts a thread on a queue of its own.
+            stopping, self._queue = self._queue, queue.SimpleQueue()
+            stopping.put(_STOP)
+        if thread is not None:
+            thread.join(timeout)
+
+    def _run(self, inbox: queue.SimpleQueue[Any]) -> None:
+        try:
+            while True:
+                burst = [inbox.get()]
+                while len(burst) < MAX_BURST:
+                    try:
+                        burst.append(inbox.get_nowait())
+                    except queue.Empty:
+                        break
+                items = [item for item in burst if item is not _STOP]
+                try:
+                    if items:
+                        self._write(items)
+                except Exception as exc:  # a fault of ours: answer, and keep the thread
+                    log.exception("webhook writer: a burst of %d failed", len(items))
+                    for _, future in items:
+                        if not future.done():
+                            future.set_exception(exc)
+                if len(items) < len(burst):
+                    return
+        finally:
+            _close_connections()
+
+    def _write(self, items: list[tuple[Request, Future[webhooks.Outcome]]]) -> None:
+        items = [
+            (request, future) for request, future in items if future.set_running_or_notify_cancel()
+        ]
+        try:
+            secrets = webhook_secrets()
+            remember_max_body(webhook_max_body())
+        except Exception as exc:  # the settings could not be read: nothing is checked
+            _close_connections()
+            for _, future in items:
+                future.set_exception(exc)
+            return
+        to_record: list[tuple[webhooks.Delivery, Future[webhooks.Outcome]]] = []
+        for request, future in items:
+            try:
+                checked = _check(request, secrets)
+            except Exception as exc:
+                future.set_exception(exc)
+                continue
+            if isinstance(checked, webhooks.Outcome):
+                future.set_result(checked)  # refused: nothing to write
+            else:
+                to_record.append((checked, future))
+        if not to_record:
+            return
+        try:
+            answers = _record([delivery for delivery, _ in to_record])
+        except Exception as exc:
+            for _, future in to_record:
+                future.set_exception(exc)
+            return
+        for answer, (_, future) in zip(answers, to_record, strict=True):
+            if isinstance(answer, Exception):
+                future.set_exception(answer)
+            else:
+                future.set_result(answer)
+
+
+def _check(request: Request, secrets: list[str]) -> webhooks.Outcome | webhooks.Delivery:
+    return webhooks.check(
+        body=request.body,
+        event=request.event,
+        delivery_id=request.delivery_id,
+        signature=request.signature,
+        secrets=secrets,
+        now=request.received_at,
+        max_body=request.max_body,
+    )
+
+
+def _record(deliveries: list[webhooks.Delivery]) -> list[webhooks.Outcome | Exception]:
+    """`webhooks.record` on this thread's kept connection, and once more on a fresh one if
+    that failed on a connection kept from an earlier burst (a PostgreSQL server restarted
+    since, or SQLite's busy timeout run out: then the burst waits once more, already
+    answered 503, rather than being dropped)."""
+    kept = any(conn.connection is not None for conn in connections.all(initialized_only=True))
+    try:
+        return webhooks.record(deliveries)
+    except (OperationalError, InterfaceError) as exc:
+        _close_connections()
+        if not kept:
+            raise
+        log.warning(
+            "webhook writer: a burst of %d failed (%s); writing it again", len(deliveries), exc
+        )
+    except DatabaseError:
+        _close_connections()
+        raise
+    try:
+        return webhooks.record(deliveries)
+    except DatabaseError:
+        _close_connections()
+        raise
+
+
+def _close_connections() -> None:
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close()
+
+
+# The size cap as the writer last read it, so the ASGI route can refuse an oversize body
+# before reading it without a database read of its own: (time.monotonic() read, bytes).
+_max_body: tuple[float, int] | None = None
+
+
+def remember_max_body(value: int) -> int:
+    global _max_body
+    _max_body = (time.monotonic(), value)
+    return value
+
+
+def known_max_body() -> int | None:
+    """The cap read within the registry's own cache period, or None (read it afresh)."""
+    known = _max_body
+    if known is None or time.monotonic() - known[0] >= CACHE_SECONDS:
+        return None
+    return known[1]
+
+
+writer = Writer()
+
+
+def submit(request: Request) -> Future[webhooks.Outcome]:
+    return writer.submit(request)
+
+
+def settle(future: Future[webhooks.Outcome], delivery_id: str | None) -> webhooks.Outcome:
+    """The answer for a finished future: its outcome, a 503 for a database error, else 500."""
+    try:
+        outcome = future.result(timeout=0)
+    except DatabaseError as exc:
+        log.warning("webhook delivery %s answered 503: %s", delivery_id, exc)
+        outcome = BUSY
+    except Exception:
+        log.exception("webhook delivery %s failed", delivery_id)
+        outcome = FAILED
+    metrics.webhook_delivery(outcome.status, outcome.body)
+    return outcome
+
+
+def busy(delivery_id: str | None) -> webhooks.Outcome:
+    """The 503 for a delivery not recorded within the budget (it stays queued)."""
+    log.warning("webhook delivery %s answered 503: not recorded within %.0f s",
+                delivery_id, ANSWER_BUDGET)  # fmt: skip
+    metrics.webhook_delivery(BUSY.status, BUSY.body)
+    return BUSY
+
+
+def answer(request: Request) -> webhooks.Outcome:
+    """The synchronous route's answer (the WSGI view): recorded within ANSWER_BUDGET, or 503.
+
+    Inside a transaction of the caller's (a test's, or ATOMIC_REQUESTS) the delivery is
+    recorded on the caller's connection instead: the writer's connection could not see the
+    caller's uncommitted rows, nor the caller the writer's.
+    """
+    if transaction.get_connection().in_atomic_block:
+        return _inline(request)
+    future = submit(request)
+    done, _ = wait([future], timeout=ANSWER_BUDGET)
+    if not done:
+        return busy(request.delivery_id)
+    return settle(future, request.delivery_id)
+
+
+def _inline(request: Request) -> webhooks.Outcome:
+    future: Future[webhooks.Outcome] = Future()
+    try:
+        checked = _check(request, webhook_secrets())
+        if isinstance(checked, webhooks.Outcome):
+            future.set_result(checked)
+        else:
+            (recorded,) = webhooks.record([checked])
+            if isinstance(recorded, Exception):
+                future.set_exception(recorded)
+            else:
+                future.set_result(recorded)
+    except Exception as exc:
+        future.set_exception(exc)
+    return settle(future, request.delivery_id)

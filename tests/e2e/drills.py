@@ -1,0 +1,70 @@
+"""What the drills read off a controller after a burst, and the wait for it to settle.
+
+The drills (tests/e2e/test_drills_*.py) each end the same way: every runner ended, no runner
+process left, every agent task ended. These read the controller's SQLite file and /proc
+directly, since a drill's controller may be down or degraded when they are asked.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from tests.e2e.harness import wait_for
+
+
+def task_states(data_dir: Path) -> dict[str, int]:
+    """The agent tasks by state, read from the controller's SQLite file."""
+    db = sqlite3.connect(data_dir / "zoomies.db", timeout=30)
+    try:
+        rows = db.execute("SELECT state, COUNT(*) FROM fleet_agenttask GROUP BY state")
+        return dict(rows.fetchall())
+    finally:
+        db.close()
+
+
+def audited(data_dir: Path, action: str) -> int:
+    """How many audit rows of this action the controller wrote (rows outlive the runners)."""
+    db = sqlite3.connect(data_dir / "zoomies.db", timeout=30)
+    try:
+        rows = db.execute("SELECT COUNT(*) FROM accounts_auditlog WHERE action = ?", (action,))
+        return rows.fetchone()[0]
+    finally:
+        db.close()
+
+
+def live_workloads(data_dir: Path) -> int:
+    """Runner processes still alive: their command lines name the agent's state dir."""
+    count = 0
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        count += str(data_dir) in cmdline
+    return count
+
+
+def tasks_once_ended(data_dir: Path) -> dict[str, int]:
+    """Waits until no agent task is pending or in flight; the tasks by state."""
+    return wait_for(
+        lambda: (
+            (t := task_states(data_dir)) and not t.get("pending") and not t.get("in_flight") and t
+        ),
+        120,
+        "every agent task to end",
+    )
+
+
+def settled(controller) -> dict[str, int]:
+    """Waits for every runner to end, no runner process to be left and every agent task to
+    end; the tasks by state."""
+    wait_for(
+        lambda: all(r["state"] in ("removed", "failed") for r in controller.api("runners")),
+        180,
+        "every runner to end",
+    )
+    wait_for(lambda: live_workloads(controller.data_dir) == 0, 90, "no runner process left")
+    return tasks_once_ended(controller.data_dir)

@@ -1,0 +1,187 @@
+"""The dashboard in a real browser (issue 10 acceptance; EVT-01): headless Chromium signs
+in, opens the Runners page, a job is queued at the fake GitHub, and the runner appears, goes
+busy and disappears without a reload. Then every dashboard page, a pool's forms, the admin
+and the browsable API are opened and photographed into a stable folder
+($ZOOMIES_SCREENSHOT_DIR, default test-output/screenshots in the repository, git-ignored);
+a console error, an uncaught page error, or a stylesheet that answers other than 200 or
+holds no rules fails the test, named with the page it happened on.
+
+Real processes: the controller is the README's `scripts/run.sh` (collectstatic, then the
+controller: daphne, the django-q2 cluster, the embedded agent) over its own SQLite file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+from tests.e2e.harness import wait_for
+from tests.e2e.test_first_job import LABELS, POOL, setup_fleet
+from zoomies_site import dashboard
+
+# The HTTP layer and the browser: the same on either database, so the SQLite pass runs it.
+pytestmark = [pytest.mark.e2e, pytest.mark.any_database]
+CHROMIUM = "/usr/bin/chromium"
+# Without the background-networking flags Chromium keeps dialling out, and a closed network
+# (the test machines have one) refuses it.
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-dev-shm-usage",
+]  # fmt: skip
+# Every page of the dashboard (zoomies_site/dashboard_urls.py) by its screenshot's name;
+# {pool} is the test pool's id. The admin and the browsable API follow them.
+PAGES = {
+    "overview": "", "pools": "pools", "pool-new": "pools/new", "pool-edit": "pools/{pool}/edit",
+    "runners": "runners", "jobs": "jobs", "hosts": "hosts", "capacity": "capacity",
+    "audit": "audit", "settings": "settings", "users": "users",
+}  # fmt: skip
+OTHER_SHOTS = ["runners-busy", "problems-drawer", "admin", "api-pools", "jobs-phone"]
+PASSWORD = "correct horse battery staple 42"
+RUNNER_ROW = '#runners tbody tr[data-name^="zoomies-e2e-"]'
+SHOTS_ENV = "ZOOMIES_SCREENSHOT_DIR"
+REPO = Path(__file__).resolve().parents[2]
+# Each linked stylesheet, and whether the browser holds rules from it: a 404 answered as
+# HTML leaves none. Read in the page, so a stylesheet served from the cache counts too.
+STYLESHEETS = """Array.from(document.querySelectorAll('link[rel=stylesheet]')).map(
+  (l) => [l.href, !!l.sheet && l.sheet.cssRules.length > 0])"""
+
+
+@pytest.fixture
+def browser():
+    if not shutil.which(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def shots() -> Path:
+    """The screenshot folder, kept after the run; this test's own files are cleared first so
+    what is there afterwards was taken by this run."""
+    folder = Path(os.environ.get(SHOTS_ENV) or REPO / "test-output" / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in [*PAGES, *OTHER_SHOTS]:
+        (folder / f"{name}.png").unlink(missing_ok=True)
+    return folder
+
+
+class Watch:
+    """What the page said that it should not have: console errors, page errors, stylesheets
+    that did not answer 200."""
+
+    def __init__(self, page):
+        self.page = page
+        self.problems: list[str] = []
+        page.on("console", self._console)
+        page.on("pageerror", lambda exc: self.problems.append(f"page error: {exc}"))
+        page.on("response", self._response)
+        page.on("requestfailed", self._failed)
+
+    def _console(self, message):
+        if message.type == "error":
+            self.problems.append(f"console error: {message.text} at {message.location}")
+
+    def _response(self, response):
+        if response.request.resource_type == "stylesheet" and response.status != 200:
+            self.problems.append(f"stylesheet {response.url} answered {response.status}")
+
+    def _failed(self, request):
+        # The event stream is cut when the page navigates away: that is not a failure.
+        if request.resource_type == "stylesheet":
+            self.problems.append(f"stylesheet {request.url} failed: {request.failure}")
+
+    def check(self, name: str) -> None:
+        """Fail, naming the page, on anything said since the last check, or on a linked
+        stylesheet that holds no rules (or a page that links none)."""
+        sheets = self.page.evaluate(STYLESHEETS)
+        empty = [href for href, loaded in sheets if not loaded]
+        said, self.problems = self.problems, []
+        assert sheets and not empty and not said, (name, self.page.url, said, empty or sheets)
+
+    def shoot(self, folder: Path, name: str, *, full_page: bool = True) -> None:
+        self.page.screenshot(path=str(folder / f"{name}.png"), full_page=full_page)
+        self.check(name)
+
+
+def test_evt01_a_runner_appears_goes_busy_and_leaves_the_runners_page_without_a_reload(
+    e2e, browser, shots
+):
+    # Every tab the dashboard shows (an admin's too) is among the pages photographed.
+    assert set(dict(dashboard.PAGES + dashboard.ADMIN_PAGES)) <= set(PAGES)
+    controller, fake = e2e
+    setup_fleet(controller, fake)
+    controller.env["ZOOMIES_ADMIN_PASSWORD"] = PASSWORD
+    controller.manage("create_admin", "ada")
+    controller.start(run_script=True)
+    pool = controller.api("pools", method="POST", json=POOL)
+    wait_for(lambda: controller.api("hosts"), 30, "the embedded agent to join")
+
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    watch = Watch(page)
+    page.set_default_timeout(30_000)
+
+    page.goto(f"{controller.url}/runners")
+    assert "/admin/login/" in page.url  # not signed in: sent to sign in, then back
+    watch.check("login")
+    page.fill("#id_username", "ada")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{controller.url}/runners")
+    page.wait_for_selector('#live[data-state="live"]')
+    # A marker that a reload would wipe.
+    page.evaluate("window.__sameDocument = true")
+
+    job_id = fake.queue_job(repo="acme/app", labels=LABELS, duration=6, conclusion="success")
+    row = page.wait_for_selector(RUNNER_ROW, timeout=60_000)
+    name = row.get_attribute("data-name")
+    page.wait_for_selector(f'{RUNNER_ROW}[data-state="busy"]', timeout=60_000)
+    watch.shoot(shots, "runners-busy")
+    page.wait_for_selector(f'#runners tbody tr[data-name="{name}"]', state="detached",
+                           timeout=90_000)  # fmt: skip
+    assert page.evaluate("window.__sameDocument === true"), "the page reloaded"
+    assert fake.job(job_id)["status"] == "completed"
+    assert fake.job(job_id)["runner_name"] == name
+
+    for shot, path in PAGES.items():
+        page.goto(f"{controller.url}/{path.format(pool=pool['id'])}")
+        page.wait_for_load_state("load")
+        page.wait_for_selector("#live[data-state]")
+        assert page.locator("main h1").inner_text().strip(), shot
+        watch.shoot(shots, shot)
+    page.click("#problems-toggle")
+    page.wait_for_selector("#problems:not([hidden])")
+    watch.shoot(shots, "problems-drawer", full_page=False)
+    page.goto(f"{controller.url}/admin/")
+    # The admin's live line: the same frames over the Channels websocket.
+    page.wait_for_selector('#zoomies-live[data-state="live"]')
+    watch.shoot(shots, "admin")
+    # A browser asks for text/html: the browsable API, with its own stylesheets.
+    answer = page.goto(f"{controller.url}/api/v1/pools")
+    assert answer.status == 200 and answer.headers["content-type"].startswith("text/html")
+    page.wait_for_selector(f"text={POOL['name']}")
+    watch.shoot(shots, "api-pools")
+
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
+    phone.add_cookies(context.cookies())
+    small = phone.new_page()
+    phone_watch = Watch(small)
+    small.goto(f"{controller.url}/jobs")
+    small.wait_for_selector("#live[data-state]")
+    phone_watch.shoot(shots, "jobs-phone")
+    # A phone shows each row as a card: the table's head is hidden, the cells labelled.
+    assert small.evaluate("getComputedStyle(document.querySelector('#jobs thead')).display") == (
+        "none"
+    )
+    phone.close()
+    context.close()
+
+    taken = {n: shots / f"{n}.png" for n in [*PAGES, *OTHER_SHOTS]}
+    assert [n for n, f in taken.items() if not (f.exists() and f.stat().st_size)] == []

@@ -1,0 +1,212 @@
+"""The controller command's order at startup and shutdown (ARCH-03; issue 8, items 12, 13).
+
+In-process: the steps the command would take are recorded instead of run, so the order is
+what is asserted, with no child process started.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.core.management.base import SystemCheckError
+from django.db import OperationalError
+from django.utils import timezone
+
+from zoomies_site.core import controller_lock, dbhealth
+from zoomies_site.management.commands import controller as command
+from zoomies_site.models import Lease
+from zoomies_site.ticker import Periodic, Ticker
+
+
+@pytest.fixture
+def lock_file(tmp_path, monkeypatch):
+    path = tmp_path / "zoomies.db.lock"
+    monkeypatch.setattr(controller_lock, "lock_path", lambda: path)
+    return path
+
+
+@pytest.fixture
+def migrations(monkeypatch):
+    """What the command asked `call_command` for; nothing is really migrated."""
+    asked: list[str] = []
+    monkeypatch.setattr(command, "call_command", lambda name, *a, **kw: asked.append(name))
+    return asked
+
+
+@pytest.mark.django_db
+def test_arch03_a_controller_refused_by_the_file_lock_does_not_migrate(lock_file, migrations):
+    fd = controller_lock.take_file_lock(lock_file)
+    try:
+        with pytest.raises(CommandError, match="another controller holds"):
+            call_command("controller", "--no-agent", "--bind", "127.0.0.1:1")
+    finally:
+        controller_lock.os.close(fd)
+    assert migrations == []
+
+
+@pytest.mark.django_db
+def test_arch03_lease03_a_controller_refused_by_the_lease_does_not_migrate(lock_file, migrations):
+    Lease.objects.create(
+        name=controller_lock.LEASE_NAME,
+        holder="elsewhere:4242",
+        expires_at=timezone.now() + timedelta(minutes=5),
+    )
+    with pytest.raises(CommandError, match="held by host elsewhere, pid 4242"):
+        call_command("controller", "--no-agent", "--bind", "127.0.0.1:1")
+    assert migrations == []
+    controller_lock.os.close(controller_lock.take_file_lock(lock_file))  # it let go of it
+
+
+@pytest.mark.django_db
+def test_arch03_on_a_database_without_the_lease_table_the_lease_follows_the_migrate(
+    lock_file, migrations, monkeypatch
+):
+    """A first start: the file lock, the migrate, then the lease; then the findings."""
+    steps: list[str] = []
+    monkeypatch.setattr(controller_lock, "lease_table_exists", lambda: False)
+    monkeypatch.setattr(command, "call_command", lambda name, *a, **kw: steps.append(name))
+    taken = controller_lock.ControllerLock.take_lease
+
+    def take_lease(self, **kwargs):
+        steps.append("lease")
+        return taken(self, **kwargs)
+
+    def findings(**kwargs):
+        steps.append("findings")
+        raise CommandError("stop here")
+
+    monkeypatch.setattr(controller_lock.ControllerLock, "take_lease", take_lease)
+    monkeypatch.setattr(command, "config_findings", findings)
+    with pytest.raises(CommandError, match="stop here"):
+        call_command("controller", "--no-agent", "--bind", "127.0.0.1:1")
+    assert steps == ["migrate", "lease", "findings"]
+    assert Lease.objects.get(name=controller_lock.LEASE_NAME).holder == ""  # released
+
+
+class Stoppable:
+    def __init__(self, name: str, order: list[str]):
+        self.name, self.order, self.returncode = name, order, None
+
+    def stop(self):
+        self.order.append(self.name)
+
+    # The subprocess.Popen surface _stop_child uses.
+    def poll(self):
+        return self.returncode
+
+    def terminate(self):
+        self.order.append(self.name)
+        self.returncode = 0
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+def test_shutdown_stops_the_agent_then_the_workers_then_the_web_server_and_says_so(caplog):
+    """Issue 8 item 13: the agent's last reports need the web server still up."""
+    order: list[str] = []
+    caplog.set_level(logging.INFO, logger="zoomies.controller")
+    command.Command()._shutdown(
+        agent=Stoppable("agent", order),
+        workers=Stoppable("workers", order),
+        web=Stoppable("web", order),
+        sandbox=None,
+    )
+    assert order == ["agent", "workers", "web"]
+    said = [r.getMessage() for r in caplog.records if r.name == "zoomies.controller"]
+    assert said == [
+        "stopping: the embedded agent",
+        "stopping: the workers",
+        "stopping: the web server",
+        "stopped",
+    ]
+
+
+@pytest.mark.django_db
+def test_the_sandbox_is_configured_before_the_findings_are_made(lock_file, migrations, monkeypatch):
+    """Issue 8 item 11: the sandbox's own App and webhook secret count as configured, so its
+    startup shows neither the "no GitHub App" nor the "no webhook secret" warning."""
+    seen: list[set[str]] = []
+
+    def findings(**kwargs):
+        seen.append({f.key for f in command.config_findings_real(**kwargs)})
+        raise CommandError("stop here")
+
+    monkeypatch.setattr(command, "config_findings_real", command.config_findings, raising=False)
+    monkeypatch.setattr(command, "config_findings", findings)
+    saved = dict(command.os.environ)
+    try:
+        with pytest.raises(CommandError, match="stop here"):
+            call_command("controller", "--no-agent", "--sandbox", "--bind", "127.0.0.1:1")
+    finally:
+        command.os.environ.clear()
+        command.os.environ.update(saved)
+    (keys,) = seen
+    assert not keys & {"config.github_app_not_configured", "config.no_webhook_secret"}
+
+
+@pytest.mark.django_db
+def test_cap02_a_controller_given_a_weak_signing_secret_does_not_start(
+    lock_file, migrations, monkeypatch, registry_defaults
+):
+    """CAP-02: a short or low-entropy capacity signing secret stops the start, unquoted,
+    before any child process (the findings come before the web server and the workers)."""
+    spawned: list[object] = []
+    monkeypatch.setattr(command.Command, "_spawn", lambda self, *a, **kw: spawned.append(a))
+    monkeypatch.setattr(command.Command, "_spawn_web", lambda self, *a, **kw: spawned.append(a))
+    monkeypatch.setenv("ZOOMIES_CAPACITY_DEMAND_DESTINATION_URL", "https://scaler.example/hook")
+    monkeypatch.setenv("ZOOMIES_CAPACITY_DEMAND_SIGNING_SECRET", "hunter2hunter2")
+    with pytest.raises(CommandError, match="capacity") as refused:
+        call_command("controller", "--no-agent", "--bind", "127.0.0.1:1")
+    assert "hunter2" not in str(refused.value)
+    assert spawned == []
+    with pytest.raises(SystemCheckError, match="capacity"):  # manage.py check says it too
+        call_command("check")
+
+
+@pytest.mark.django_db(transaction=True)  # the loop reads the registry from its own thread
+def test_store_the_write_probe_says_degraded_while_a_ticker_round_waits_on_the_database(
+    registry_defaults, monkeypatch
+):
+    """Issue 11 items 5 and 9: under another process's write lock each enqueue of a ticker
+    round (django-q2's broker is the database) waits out SQLite's busy timeout, 20 s a task.
+    The lease renewal, which is the write probe, must not wait behind that round: the
+    controller says degraded while the round is still stuck (it used to say ok all through
+    a 45 s lock, seen in tests/e2e/test_drills_webhook.py)."""
+    registry_defaults.set("controller.lease_renew", "1s")
+    stuck, let_go = threading.Event(), threading.Event()
+
+    def enqueue_behind_the_lock(now):
+        stuck.set()
+        let_go.wait(30)
+
+    def renew_under_the_lock(**kwargs):
+        raise OperationalError("database is locked")
+
+    ticker = Ticker(
+        jobs=[Periodic("reconcile", lambda: timedelta(seconds=1), enqueue_behind_the_lock)]
+    )
+    monkeypatch.setattr(command, "default_ticker", lambda started_at: ticker)
+    monkeypatch.setattr(controller_lock, "renew_lease", renew_under_the_lock)
+    controller = command.Command()
+    controller.stopping = threading.Event()
+    loop = threading.Thread(target=controller._loop, args=(SimpleNamespace(holder="here:1"), []))
+    loop.start()
+    try:
+        assert stuck.wait(10)
+        deadline = time.monotonic() + 10
+        while dbhealth.read() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stuck.is_set() and not let_go.is_set()
+        assert (dbhealth.read() or {}).get("error") == "database is locked"
+    finally:
+        controller.stopping.set()
+        let_go.set()
+        loop.join(30)
+    assert not loop.is_alive()

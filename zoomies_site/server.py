@@ -1,0 +1,266 @@
+"""The controller's web server: daphne serving `zoomies_site.asgi`, with HTTPS and bounds.
+
+`python -m zoomies_site.server --bind HOST:PORT [--internal-port N]` is what the controller
+command runs. It reads the registry for:
+
+- `server.tls_cert` / `server.tls_key`: when both are set the bind speaks HTTPS from them
+  (twisted's `ssl:` endpoint), and `--internal-port` adds a plain-HTTP listener on
+  127.0.0.1 for the controller's own embedded agent and readiness check, which cannot be
+  expected to verify a certificate issued for the public name.
+- `server.request_timeout`: daphne reads a request's whole body before the application sees
+  it, and twisted lets a client that keeps a connection idle hold it for a minute. Here a
+  request's body must keep coming (no stall as long as the timeout) and the whole request
+  must arrive within the timeout plus a second per MiB of declared body; otherwise the
+  client is answered 408 and disconnected. Between requests the connection idles out after
+  the same timeout.
+- `server.max_request_body`: the largest body any route reads; a larger declared (or, when
+  chunked, received) body is answered 413 before it is read, with one log line. Routes
+  refuse smaller bodies themselves (webhooks above `github.webhook_max_body`).
+- `server.max_connections_per_client`: one client address cannot hold more connections
+  than this, so a few slow clients cannot take the file descriptors GitHub's deliveries and
+  the agents need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+# daphne installs the asyncio reactor on import; it must come before anything else of twisted.
+import daphne.server  # isort: skip
+from daphne.http_protocol import HTTPFactory, WebRequest
+from django.conf import settings
+from twisted.internet import reactor
+from twisted.internet.endpoints import quoteStringArgument
+
+log = logging.getLogger("zoomies.server")
+
+MIB = 1024 * 1024
+DRAIN_POLL = 0.05  # how often a paused stream looks whether its client has read
+SECONDS_PER_MIB = 1.0
+REASONS = {408: b"Request Timeout", 413: b"Content Too Large"}
+WHY = {
+    408: "the request did not arrive within server.request_timeout",
+    413: "the request body is larger than server.max_request_body",
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    request_timeout: float
+    max_body: int
+    max_per_client: int
+
+    def budget(self, length: int | None) -> float:
+        """Seconds a request may take to arrive, headers included, for a declared length."""
+        return self.request_timeout + SECONDS_PER_MIB * (length or 0) / MIB
+
+
+def limits_from_registry() -> Limits:
+    from zoomies_site.core import registry  # noqa: PLC0415  # Django is set up by then (main)
+
+    return Limits(
+        request_timeout=registry.get("server.request_timeout").total_seconds(),
+        max_body=registry.get("server.max_request_body"),
+        max_per_client=registry.get("server.max_connections_per_client"),
+    )
+
+
+def endpoints(host: str, port: int, *, cert: str, key: str, internal_port: int | None) -> list:
+    """Twisted endpoint strings: the bind (TLS when cert and key are set), and the internal
+    loopback listener, which exists only beside TLS."""
+    interface = quoteStringArgument(host)
+    if not (cert and key):
+        return [f"tcp:port={port}:interface={interface}"]
+    found = [
+        f"ssl:port={port}:interface={interface}:privateKey={quoteStringArgument(key)}"
+        f":certKey={quoteStringArgument(cert)}"
+    ]
+    if internal_port:
+        found.append(f"tcp:port={internal_port}:interface=127.0.0.1")
+    return found
+
+
+class BoundedRequest(WebRequest):
+    """daphne's request, with a deadline for its arrival and a cap on its body."""
+
+    def __init__(self, channel, *args, **kwargs):
+        super().__init__(channel, *args, **kwargs)
+        self._limits: Limits = channel.factory.limits
+        self._started = time.monotonic()
+        self._length: int | None = None
+        self._received = 0
+        self._refused = False
+        # While a request arrives its own deadline rules, not twisted's idle timeout (which
+        # would close the connection unanswered); the channel restores it after the request.
+        if channel.timeOut:
+            channel._savedTimeOut = channel.setTimeout(None)
+        self._deadline = reactor.callLater(self._limits.budget(0), self._too_slow)
+
+    def gotLength(self, length):
+        if length is not None and length > self._limits.max_body:
+            self._refuse(413, f"its {length}-byte body is over {self._limits.max_body} bytes")
+            return
+        super().gotLength(length)
+        self._length = length
+        self._rearm()
+
+    def handleContentChunk(self, data):
+        if self._refused:
+            return
+        self._received += len(data)
+        if self._received > self._limits.max_body:
+            self._refuse(413, f"its chunked body is over {self._limits.max_body} bytes")
+            return
+        super().handleContentChunk(data)
+        self._rearm()
+
+    def _rearm(self) -> None:
+        """A body must keep coming (a stall of request_timeout ends it) and be complete
+        within the budget for its declared length."""
+        if not self._deadline.active():
+            return
+        now = time.monotonic()
+        until = min(
+            now + self._limits.request_timeout, self._started + self._limits.budget(self._length)
+        )
+        self._deadline.reset(max(0.0, until - now))
+
+    def requestReceived(self, command, path, version):
+        self._stop_deadline()
+        if self._refused:
+            return
+        super().requestReceived(command, path, version)
+
+    def connectionLost(self, reason):
+        self._stop_deadline()
+        super().connectionLost(reason)
+
+    def _stop_deadline(self) -> None:
+        if self._deadline.active():
+            self._deadline.cancel()
+
+    def _too_slow(self) -> None:
+        self._refuse(408, "it did not arrive within server.request_timeout")
+
+    def _refuse(self, status: int, why: str) -> None:
+        """Answer before the application is involved, and close the connection."""
+        if self._refused:
+            return
+        self._refused = True
+        self._stop_deadline()
+        peer = getattr(self.channel.transport.getPeer(), "host", "?")
+        log.warning("answered %d to a request from %s: %s", status, peer, why)
+        body = json.dumps({"error": WHY[status]}).encode()
+        head = (
+            b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n"
+            % (status, REASONS[status], len(body))
+        )
+        transport = self.channel.transport
+        transport.write(head + body)
+        transport.loseConnection()
+        # A client that will not read its answer is not allowed to hold the socket either.
+        reactor.callLater(5, transport.abortConnection)
+
+
+class BoundedHTTPFactory(HTTPFactory):
+    """daphne's factory, with the idle timeout, the per-client cap and `BoundedRequest`."""
+
+    def __init__(self, server):
+        super().__init__(server)
+        self.limits: Limits = server.limits
+        self.timeOut = self.limits.request_timeout
+        self.open_by_client: Counter[str] = Counter()
+
+    def buildProtocol(self, addr):
+        client = getattr(addr, "host", "")
+        if self.open_by_client[client] >= self.limits.max_per_client:
+            log.warning(
+                "refused a connection from %s: it holds %d already",
+                client,
+                self.open_by_client[client],
+            )
+            return None
+        protocol = super().buildProtocol(addr)
+        protocol.requestFactory = BoundedRequest
+        self.open_by_client[client] += 1
+        connection_lost = protocol.connectionLost
+
+        def lost(reason, _client=client):
+            self.open_by_client[_client] -= 1
+            if self.open_by_client[_client] <= 0:
+                del self.open_by_client[_client]
+            return connection_lost(reason)
+
+        protocol.connectionLost = lost
+        return protocol
+
+
+class Server(daphne.server.Server):
+    def __init__(self, *args, limits: Limits, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+
+    async def handle_reply(self, protocol, message):
+        """daphne's, plus backpressure for a streamed body: the application's next `send`
+        waits while the client's socket is full. daphne alone writes whatever it is sent
+        into twisted's buffer, so a client that never reads an endless response (a runner's
+        log, LOG-05) would grow this process without bound; waiting here makes the stream's
+        own bounded queue (fleet/logs.py) the one that fills and drops."""
+        await super().handle_reply(protocol, message)
+        if message.get("type") == "http.response.body" and message.get("more_body"):
+            # twisted's HTTPChannel sets this while the transport has asked it to pause
+            # (its buffer is over 64 KiB) and clears it when the buffer has drained.
+            while getattr(getattr(protocol, "channel", None), "_waitingForTransport", False):
+                state = self.connections.get(protocol)
+                if state is None or state.get("disconnected"):
+                    return
+                await asyncio.sleep(DRAIN_POLL)
+
+
+def serve(host: str, port: int, internal_port: int | None) -> None:
+    from zoomies_site.asgi import application  # noqa: PLC0415  # importing it sets Django up
+    from zoomies_site.core import registry, transport  # noqa: PLC0415  # needs Django set up
+
+    cert, key = registry.get("server.tls_cert"), registry.get("server.tls_key")
+    for path in (cert, key):
+        if path and not os.access(path, os.R_OK):
+            raise SystemExit(f"zoomies server: {path} (server.tls_*) is not a readable file")
+    # Secure cookies on HTTPS (served here or by a proxy in front), before the first request.
+    for name, value in transport.cookie_settings(registry.current()).items():
+        setattr(settings, name, value)
+    limits = limits_from_registry()
+    listen = endpoints(host, port, cert=cert, key=key, internal_port=internal_port)
+    # Server.run builds its HTTP factory from this module-level name; the process is ours.
+    daphne.server.HTTPFactory = BoundedHTTPFactory
+    log.info("serving on %s (%s)", ", ".join(listen), limits)
+    Server(application=application, endpoints=listen, limits=limits).run()
+    # The reactor has stopped and every connection is closed. A sync view thread still in an
+    # agent's long-poll would hold the interpreter's exit for the rest of its wait, so leave
+    # now: nothing is owed to anyone any more.
+    logging.shutdown()
+    os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m zoomies_site.server")
+    parser.add_argument("--bind", required=True, help="HOST:PORT")
+    parser.add_argument("--internal-port", type=int, default=None)
+    options = parser.parse_args(argv)
+    host, _, port = options.bind.rpartition(":")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "zoomies_site.settings")
+    serve(host.strip("[]"), int(port), options.internal_port)
+
+
+if __name__ == "__main__":
+    main()
