@@ -1,8 +1,11 @@
 """A remote agent in its own process: it joins, runs jobs, and is given up on when killed.
 
 The controller here is the test's own live server (real HTTP on loopback), so the test can
-drive the housekeeping tick with a moved clock; the agent is `manage.py agent` in a child
-process, exactly as an operator starts one on another host.
+drive the housekeeping tick with a moved clock. The agent is installed as an operator
+installs it on another host (ARCH-05, issue 7 item 5): the project's wheel in a fresh
+virtualenv with only the agent's own dependencies (fleet/agent/requirements.txt), where
+Django cannot be imported, started as the `zoomies-agent` console script with a join token
+and nothing of the controller's configuration (no database settings, no secret key).
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
@@ -19,12 +21,12 @@ from django.utils import timezone
 from fleet.actions import create_join_token
 from fleet.models import Host
 from runners import reconcile
-from runners.github import config as github_config
-from runners.github.fake import FakeGitHub
+from runners.github.programs import FAKE_RUNNER
 from runners.housekeeping import housekeeping_step
-from runners.models import Installation, Job, Pool, Runner
-from tests.e2e.harness import MANAGE, ROOT, kill_leftovers, wait_for
-from zoomies_site import registry
+from runners.models import Job, Runner
+from tests.e2e.harness import kill_leftovers, wait_for
+from tests.e2e.live_github import fake_github_for
+from tests.fleet.agent.install import AgentInstall, install_agent_only
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 LABELS = ["self-hosted", "remote"]
@@ -32,48 +34,70 @@ LABELS = ["self-hosted", "remote"]
 
 @pytest.fixture
 def github(live_server, tmp_path, monkeypatch):
-    fake = FakeGitHub(
-        webhook_url=f"{live_server.url}/webhooks/github", webhook_secret="remote-secret"
-    ).start()
-    key = tmp_path / "app.pem"
-    key.write_text(fake.private_key_pem)
-    monkeypatch.setenv("ZOOMIES_GITHUB_API_URL", fake.url)
-    monkeypatch.setenv("ZOOMIES_GITHUB_APP_ID", str(fake.app_id))
-    monkeypatch.setenv("ZOOMIES_GITHUB_PRIVATE_KEY_FILE", str(key))
-    monkeypatch.setenv("ZOOMIES_GITHUB_WEBHOOK_SECRETS", "remote-secret")
-    registry.reload()
-    github_config.clear_cache()
-    inst = fake.add_installation(
-        account="acme", account_type="Organization", repositories=["acme/app"]
+    with fake_github_for(
+        live_server.url,
+        tmp_path,
+        monkeypatch,
+        secret="remote-secret",
+        name="zoomies-remote",
+        labels=["remote"],
+        backend="process",
+        image=FAKE_RUNNER,
+    ) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def agent_install(tmp_path_factory) -> AgentInstall:
+    return install_agent_only(tmp_path_factory.mktemp("agent-host"))
+
+
+def agent_environment(join_token: str) -> dict[str, str]:
+    """What an operator gives a host's agent: a join token, and nothing of the controller."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "ZOOMIES_JOIN_TOKEN": join_token,
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def test_arch05_the_agent_host_has_no_django_and_no_controller_settings(agent_install):
+    """ARCH-05: the installed agent imports, and Django is not importable beside it."""
+    assert "django" not in agent_install.distributions
+    assert {"httpx", "docker"} <= set(agent_install.distributions)
+    probe = (
+        "import importlib.util, sys, fleet.agent.cli, fleet.agent.backends.process, "
+        "fleet.protocol; "
+        "print(importlib.util.find_spec('django'), importlib.util.find_spec('rest_framework'), "
+        "[m for m in sys.modules if m.split('.')[0] in ('django', 'zoomies_site', 'runners')])"
     )
-    installation = Installation.objects.create(
-        github_id=inst, account="acme", kind="org", repositories=["acme/app"]
+    done = subprocess.run(
+        [agent_install.python, "-c", probe],
+        env=agent_environment("zjt_unused"),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    Pool.objects.create(
-        name="zoomies-remote", installation=installation, labels=["remote"], backend="process",
-        image=reconcile.FAKE_RUNNER_IMAGE, max_runners=2,
-    )  # fmt: skip
-    yield fake
-    fake.stop()
-    registry.reload()
-    github_config.clear_cache()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None None []"
+    usage = subprocess.run(
+        [agent_install.script, "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert usage.returncode == 0 and "--controller" in usage.stdout and "--ca-file" in usage.stdout
 
 
 @pytest.fixture
-def remote_agent(live_server, tmp_path):
+def remote_agent(live_server, tmp_path, agent_install):
     _row, join_token = create_join_token(now=timezone.now(), actor="test")
     state_dir = tmp_path / "remote-agent"
-    env = {
-        **os.environ,
-        "ZOOMIES_JOIN_TOKEN": join_token,
-        "ZOOMIES_DATA_DIR": str(tmp_path / "agent-data"),
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = agent_environment(join_token)
+    assert not [k for k in env if k.startswith(("DJANGO", "ZOOMIES_DATABASE", "ZOOMIES_SECRET"))]
     log = (tmp_path / "agent.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, MANAGE, "agent", "--controller", live_server.url, "--state-dir",
-         str(state_dir), "--name", "zoomies-remote-1", "--capacity", "2"],
-        env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        [agent_install.script, "--controller", live_server.url, "--state-dir", str(state_dir),
+         "--name", "zoomies-remote-1", "--capacity", "2"],
+        env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     yield process
     if process.poll() is None:
@@ -105,10 +129,18 @@ def test_arch08_host04_a_remote_agent_runs_jobs_then_is_lost_when_killed(github,
     drive_until(lambda: github.job(first)["status"] == "completed", 60, "the first job to run")
 
     long_job = github.queue_job(repo="acme/app", labels=LABELS, duration=600)
-    busy = drive_until(
-        lambda: Runner.objects.filter(state="busy", host=host).first(), 60, "a busy runner"
+    # The runner can report busy before the job's own webhook lands (GitHub hands a queued job
+    # to any idle runner that matches), so wait for the job's row to name its runner.
+    bound = drive_until(
+        lambda: Job.objects.filter(github_id=long_job, runner__isnull=False).first(),
+        60,
+        "the long job bound to a runner",
     )
-    assert Job.objects.get(github_id=long_job).runner_id == busy.pk
+    busy = drive_until(
+        lambda: Runner.objects.filter(pk=bound.runner_id, state="busy", host=host).first(),
+        60,
+        "its runner busy on the remote host",
+    )
 
     remote_agent.send_signal(signal.SIGKILL)
     remote_agent.wait(timeout=10)
