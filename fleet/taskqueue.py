@@ -29,7 +29,7 @@ from accounts.sealing import seal, unseal_text
 from fleet.models import AgentTask, Host
 from fleet.states import OPEN_TASK_STATES, TaskKind, TaskState
 from fleet.transitions import transition_task
-from fleet.wakeups import notify_host
+from fleet.wakeups import announce_pending_tasks, notify_host
 from zoomies_site.core import registry
 
 log = logging.getLogger("zoomies.fleet")
@@ -111,8 +111,9 @@ def _unsealed(value: Any) -> Any:
 
 
 def notify_host_on_commit(host_id: int) -> None:
-    """Wake this process's polls for `host_id` once the task is visible to them."""
+    """Wake the polls for `host_id`, in this process and others, once they can see the task."""
     transaction.on_commit(lambda: notify_host(host_id))
+    announce_pending_tasks()
 
 
 def take_tasks(

@@ -3,8 +3,10 @@
 A waiting long-poll registers an asyncio Event for its host and awaits it. One watcher
 thread per process looks, while anybody is waiting, at which of the waiting hosts have a
 pending task (one indexed query every `POLL_INTERVAL`) and sets those hosts' Events. An
-enqueue in this process also sets them at once through `notify_host`, so the query is the
-safety net for tasks written by other processes (django-q2 workers, a second web process).
+enqueue in this process also sets them at once through `notify_host`. A task written by
+another process (a django-q2 worker's reconcile pass, a second web process) sends a wake on
+the wake bus after its commit (`zoomies_site.core.wakebus`), which cuts the watcher's wait
+short, so the interval is only the safety net for a lost wake.
 
 Why a thread and not a task on the request's event loop: a loop is not guaranteed to
 outlive the request that would have started the task (under WSGI every async view runs in
@@ -28,6 +30,7 @@ from django.db import connection
 
 from fleet.models import AgentTask
 from fleet.states import TaskState
+from zoomies_site.core import wakebus
 
 log = logging.getLogger("zoomies.fleet")
 
@@ -58,6 +61,7 @@ class TaskWatcher:
         self._waiters: dict[int, set[_Waiter]] = {}
         self._someone_waiting = threading.Event()
         self._thread: threading.Thread | None = None
+        self._bus: wakebus.Listener | bool | None = None  # False: could not be set up
 
     # -- the waiting side (async, on any loop) ------------------------------------------
 
@@ -120,6 +124,7 @@ class TaskWatcher:
             if not hosts:
                 self._close_connection()
                 continue
+            self._drain_bus()  # wakes sent before this look are answered by it
             try:
                 ready = self._look(hosts)
             except Exception:  # a locked or restarted database: look again next time
@@ -128,6 +133,26 @@ class TaskWatcher:
                 ready = set()
             for host_id in ready:
                 self.notify(host_id)
+            self._pause()
+
+    def _listener(self) -> wakebus.Listener | None:
+        if self._bus is None:
+            try:
+                self._bus = wakebus.Listener(wakebus.AGENT_TASKS)
+            except OSError:
+                log.warning("task watcher: no wake bus, polling only", exc_info=True)
+                self._bus = False
+        return self._bus or None
+
+    def _drain_bus(self) -> None:
+        if listener := self._listener():
+            listener.drain()
+
+    def _pause(self) -> None:
+        """Wait out the interval, or less when another process says a task is pending."""
+        if listener := self._listener():
+            listener.wait(self.interval)
+        else:
             time.sleep(self.interval)
 
     def _look(self, host_ids: list[int]) -> set[int]:
@@ -158,3 +183,8 @@ async def wait_for_work(host_id: int, timeout: float) -> bool:
 def notify_host(host_id: int) -> int:
     """The in-process hint that `host_id` has a new pending task (call after commit)."""
     return watcher.notify(host_id)
+
+
+def announce_pending_tasks() -> None:
+    """Tell the watchers of the other processes to look now, once this transaction commits."""
+    wakebus.notify_on_commit(wakebus.AGENT_TASKS)

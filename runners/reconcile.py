@@ -24,7 +24,7 @@ from django.utils import timezone
 from fleet.agent.backends.resources import allocatable, given
 from fleet.models import Host
 from fleet.states import HostHealth
-from fleet.wakeups import notify_host
+from fleet.wakeups import announce_pending_tasks, notify_host
 from runners import naming
 from runners.actions import (
     NewRunner,
@@ -497,6 +497,8 @@ def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> A
 def _notify_hosts(host_ids: set[int]) -> None:
     for host_id in host_ids:
         notify_host(host_id)
+    if host_ids:
+        announce_pending_tasks()  # the long-polls are in the web process, not this worker
 
 
 def reconcile_once(now: datetime) -> ApplyReport:

@@ -24,7 +24,7 @@ from accounts.roles import ALL_SCOPES
 from runners import webhook_writer
 from runners.github import config  # the cached App is built from registry values
 from tests import postgres_databases
-from zoomies_site.core import registry
+from zoomies_site.core import registry, wakebus
 
 PASSWORD = "correct horse battery"
 
@@ -241,3 +241,4 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     url = os.environ.get("ZOOMIES_DATABASE_URL")
     if url:
         postgres_databases.drop_created(url)
+    wakebus.sweep_stale()  # the wake sockets of the controllers the tests killed

@@ -2,8 +2,9 @@
 announces, inside the caller's transaction, so nothing rolled back is ever announced and
 nothing committed is ever missed. The relay (`zoomies_site.stream`) tails these rows.
 
-This module imports only the site's models, so any action may call it without an import
-circle.
+This module imports only the site's models and the wake bus, so any action may call it
+without an import circle. A committed event wakes the relays of every web process at once
+(`zoomies_site.core.wakebus`); their poll is the safety net.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from zoomies_site.core import wakebus
 from zoomies_site.models import Event
 
 # What the dashboard streams: the resources whose frames are their API GET shape.
@@ -30,12 +32,14 @@ def emit(kind: str, obj: Any, *, at: datetime | None = None) -> Event:
     resource = obj._meta.model_name
     if resource not in RESOURCES:
         raise ValueError(f"no event stream for {resource!r}")
-    return Event.objects.create(
+    event = Event.objects.create(
         kind=kind,
         resource=resource,
         resource_id=str(obj.pk),
         created_at=at or timezone.now(),
     )
+    wakebus.notify_on_commit(wakebus.EVENTS)  # the relays look at once, not at their poll
+    return event
 
 
 def emit_many(kind: str, model: type, pks, *, at: datetime | None = None) -> int:
@@ -45,7 +49,9 @@ def emit_many(kind: str, model: type, pks, *, at: datetime | None = None) -> int
         raise ValueError(f"no event stream for {resource!r}")
     when = at or timezone.now()
     rows = [Event(kind=kind, resource=resource, resource_id=str(pk), created_at=when) for pk in pks]
-    return len(Event.objects.bulk_create(rows))
+    written = len(Event.objects.bulk_create(rows))
+    wakebus.notify_on_commit(wakebus.EVENTS)
+    return written
 
 
 def prune_events(now: datetime, *, keep: timedelta = RETENTION) -> int:

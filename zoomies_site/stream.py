@@ -1,5 +1,7 @@
 """The event stream: one relay per web process tails the outbox (EVT-03) and fans each
-frame out through the channel layer to the SSE views and the admin's websockets.
+frame out through the channel layer to the SSE views and the admin's websockets. It looks
+when an event is committed (a wake on the wake bus, from whichever process wrote it) and
+at least every `poll` seconds.
 
 Frames are rendered here, once per event for every viewer, by the API's own serializers
 (EVT-05). A frame for a row that no longer exists (a reaped runner, a deleted pool) says
@@ -24,6 +26,7 @@ from django.utils import timezone
 from fleet.rest_api import HostSerializer, host_queryset
 from runners.api import JobSerializer, PoolSerializer, RunnerSerializer, runner_queryset
 from runners.models import Job, Pool
+from zoomies_site.core import wakebus
 from zoomies_site.models import Event
 from zoomies_site.overview import overview
 from zoomies_site.problems import problems
@@ -136,6 +139,7 @@ class Relay:
         self.task: asyncio.Task | None = None
         self.subscribers = 0
         self.idle_since = clock()
+        self.bus: wakebus.Listener | bool | None = None  # False: could not be set up
 
     def subscribe(self) -> None:
         """Counts a viewer in. Called before the viewer's first await, so the loop cannot
@@ -211,7 +215,11 @@ class Relay:
             if self.idle():
                 # Forget the position: a later subscriber reads its own backlog first.
                 self.cursor, self.gaps, self.summary = None, {}, None
+                if self.bus:
+                    self.bus.close()
+                self.bus = None
                 return
+            self._drain_wakes()  # wakes sent before this look are answered by it
             try:
                 frames = await sync_to_async(self.collect)(timezone.now())
                 for frame in frames:
@@ -221,7 +229,36 @@ class Relay:
             except Exception:
                 # A locked database or a bad row must not end the stream for everyone.
                 log.exception("event relay: a tick failed; trying again")
+            await self._pause()
+
+    def _wake_listener(self) -> wakebus.Listener | None:
+        if self.bus is None:
+            try:
+                self.bus = wakebus.Listener(wakebus.EVENTS)
+            except OSError:
+                log.warning("event relay: no wake bus, polling only", exc_info=True)
+                self.bus = False
+        return self.bus or None
+
+    def _drain_wakes(self) -> None:
+        if listener := self._wake_listener():
+            listener.drain()
+
+    async def _pause(self) -> None:
+        """The poll interval, cut short by a wake: an event committed in any process."""
+        listener = self._wake_listener()
+        if listener is None:
             await asyncio.sleep(self.poll)
+            return
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        loop.add_reader(listener.fileno(), woken.set)
+        try:
+            await asyncio.wait_for(woken.wait(), timeout=self.poll)
+        except TimeoutError:
+            pass
+        finally:
+            loop.remove_reader(listener.fileno())
 
     def ensure_running(self) -> None:
         if self.task is None or self.task.done():

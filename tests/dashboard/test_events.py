@@ -438,3 +438,39 @@ def test_evt03_an_unwatched_relay_stops_tailing_and_the_next_viewer_starts_it_ag
         relay.task.cancel()
 
     async_to_sync(scenario)()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_evt03_a_committed_event_wakes_the_relay_before_its_poll():
+    """EVT-03: the relay looks when an event commits (a wake from the writing thread, as from
+    another process), not only at its poll: with the poll at 60 s the frame still arrives
+    before the test's 20 s deadline."""
+    from channels.layers import get_channel_layer  # noqa: PLC0415
+
+    pool = make_pool()
+
+    async def scenario():
+        relay = stream.Relay(poll=60)
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(relay.group, channel)
+        relay.subscribe()
+        try:
+            # Primed and through its first look: now in its 60 s pause.
+            async with asyncio.timeout(20):
+                while relay.cursor is None or relay.summary is None:
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0)
+            await sync_to_async(pool_actions.set_pool_paused)(
+                pool, paused=True, actor="test", now=T0
+            )
+            async with asyncio.timeout(20):
+                while True:
+                    message = await layer.receive(channel)
+                    if message["frame"]["event"] == "pool":
+                        return message["frame"]
+        finally:
+            relay.task.cancel()
+
+    frame = async_to_sync(scenario)()
+    assert frame["data"]["kind"] == "pool.paused"

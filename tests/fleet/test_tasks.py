@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from django.db import connections
+from django.db import connection, connections
 from django.test import AsyncRequestFactory
 
 from accounts.models import AuditLog
@@ -27,6 +27,8 @@ from runners.housekeeping import fleet_step as housekeeping_step
 from runners.housekeeping import sweep_task_leases
 from runners.selectors import removes_owed
 from tests.fleet.conftest import T0, join, later, make_runner
+from tests.zoomies_site.test_wakebus import notify_from_another_process
+from zoomies_site.core import wakebus
 
 pytestmark = pytest.mark.usefixtures("registry_defaults")
 
@@ -632,3 +634,40 @@ def test_auth07_a_task_whose_env_cannot_be_unsealed_fails_its_runner(agent_api):
     assert task.state == "failed" and "cannot unseal" in task.error
     assert runner.state == "failed" and "cannot unseal" in runner.message
     assert "env" not in task.payload
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task13_a_task_from_another_process_wakes_the_watcher_through_the_bus(
+    agent_api, monkeypatch
+):
+    """TASK-13: a task written by another process (a worker's reconcile pass) reaches a
+    waiting long-poll by that process's wake, not by the watcher's interval (60 s here)."""
+    monkeypatch.setattr(wakeups.watcher, "interval", 60)
+    monkeypatch.setattr("fleet.taskqueue.notify_host_on_commit", lambda host_id: None)
+    real_look = wakeups.watcher._look
+    sent = threading.Event()
+    looks_while_blind = []
+
+    def look_after_the_wake(host_ids):
+        if not sent.is_set():
+            looks_while_blind.append(1)
+            return set()
+        return real_look(host_ids)
+
+    monkeypatch.setattr(wakeups.watcher, "_look", look_after_the_wake)
+    host, token = join("h1")
+    thread, out = poll_in_background(agent_api, token, wait=50)
+    wait_until_waiting({host.pk})
+    task = enqueue(host, make_runner(host))
+    # Once the watcher has looked (blind) since the poll began waiting, it is in its 60 s
+    # pause, which only a wake can end before the test's deadline.
+    deadline = time.monotonic() + 30
+    while not looks_while_blind:
+        assert time.monotonic() < deadline, "the watcher never looked"
+        time.sleep(0.02)
+    sent.set()
+    directory = wakebus.bus_directory(connection.settings_dict)
+    assert notify_from_another_process(wakebus.AGENT_TASKS, directory) >= 1
+    thread.join(20)
+    assert not thread.is_alive(), "the wake did not cut the watcher's pause short"
+    assert [t["id"] for t in out["answer"].json()["tasks"]] == [task.pk]

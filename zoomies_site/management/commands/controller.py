@@ -33,7 +33,7 @@ from django.utils import timezone
 from fleet.embedded import embedded_host_name, start_embedded_agent
 from zoomies_site import metrics
 from zoomies_site import sandbox as sandbox_mod
-from zoomies_site.core import controller_lock, dbhealth, registry
+from zoomies_site.core import controller_lock, dbhealth, registry, wakebus
 from zoomies_site.problems import config_findings
 from zoomies_site.recovery import recover_after_restart
 from zoomies_site.ticker import default_ticker
@@ -128,6 +128,7 @@ class Command(BaseCommand):
             signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
             signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
             dbhealth.clear()  # a marker a killed predecessor left says nothing now
+            wakebus.sweep_stale()  # the wake sockets of killed predecessors
             web = self._open_database(
                 lock, options["takeover"], lambda: self._spawn_web(host, port, inner), base_url
             )
