@@ -37,7 +37,6 @@ DEBUG = env("ZOOMIES_DEBUG") == "1"
 ALLOWED_HOSTS = [h for h in env("ZOOMIES_ALLOWED_HOSTS", "*").split(",") if h]
 
 INSTALLED_APPS = [
-    "daphne",
     "accounts.apps.ZoomiesAdminConfig",  # django.contrib.admin, gated by the Zoomies role
     "django.contrib.auth",
     "django.contrib.contenttypes",
