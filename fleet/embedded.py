@@ -11,9 +11,12 @@ import logging
 import re
 import socket
 import threading
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from fleet.actions import create_join_token
@@ -23,6 +26,11 @@ from fleet.models import Host
 from runners import naming
 
 log = logging.getLogger("zoomies.controller")
+
+# How long the host row is looked for after the agent starts: its join may wait out a
+# database outage, so minutes rather than the seconds a join takes.
+MARK_EVERY = 0.2
+MARK_TRIES = 1500
 
 
 def embedded_host_name() -> str:
@@ -77,14 +85,39 @@ def start_embedded_agent(
     thread = threading.Thread(target=run, name="embedded-agent", daemon=True)
     thread.start()
 
-    def mark_embedded() -> None:
-        # The join happens on the agent's thread; flag the host once it exists.
-        for _ in range(100):
-            if Host.objects.filter(name=name).update(embedded=True):
-                return
-            if not thread.is_alive():
-                return
-            threading.Event().wait(0.1)
-
-    mark_embedded()
+    threading.Thread(
+        target=flag_embedded_host, args=(name, thread.is_alive), name="embedded-agent-flag",
+        daemon=True,
+    ).start()  # fmt: skip
     return EmbeddedAgent(agent, thread)
+
+
+def flag_embedded_host(
+    name: str,
+    agent_alive: Callable[[], bool],
+    *,
+    tries: int = MARK_TRIES,
+    pause: Callable[[float], object] = time.sleep,
+) -> bool:
+    """Flag the embedded agent's host once its join has made the row; True once done.
+
+    The join happens on the agent's thread, so this looks for the row until it exists or
+    the agent stops. Run on a thread of its own and never fatal: the flag is only shown,
+    and a write lock another process holds past SQLite's busy timeout must not stop the
+    controller at start.
+    """
+    try:
+        for _ in range(tries):
+            try:
+                if Host.objects.filter(name=name).update(embedded=True):
+                    return True
+            except DatabaseError as exc:
+                log.warning("the embedded agent's host is not flagged yet: %s", exc)
+                connection.close()  # a fresh one for the next try
+            if not agent_alive():
+                return False
+            pause(MARK_EVERY)
+        log.warning("the embedded agent's host %s was never flagged as embedded", name)
+        return False
+    finally:
+        connection.close()  # this thread's own

@@ -25,7 +25,12 @@ from fleet.agent.tracking import AgentParts, TrackedRunner, Wait, end_report, re
 log = logging.getLogger("fleet.agent")
 
 MAX_BACKOFF = 30.0
-RESULT_ATTEMPTS = 3
+# How long a task's result is offered again while the controller cannot take it (a locked
+# or restarting database answers 503 or not at all). Three tries in about 23 s gave up
+# inside a 45 s write lock, and the task then waited out its lease (10 min for a stop).
+# The waits double from 1 s up to RESULT_MAX_WAIT; a stopping agent stops trying.
+RESULT_PATIENCE = 300.0
+RESULT_MAX_WAIT = 15.0
 # AGENT-11: three more inventory asks, about seventeen seconds in all.
 INVENTORY_RETRIES = (2.0, 5.0, 10.0)
 PREWARM = "image_prewarm"  # AGENT-14: no runner; shares the create slot as a background task
@@ -355,8 +360,8 @@ class TaskLoop(AgentParts):
         return True, None, True
 
     def _post_result(self, task: Task, ok: bool, error: str | None) -> None:
-        delay = 1.0
-        for attempt in range(RESULT_ATTEMPTS):
+        delay, waited = 1.0, 0.0
+        while True:
             try:
                 accepted = self.client.post_result(
                     task.id, ok=ok, error=error, attempt=task.attempt
@@ -366,9 +371,11 @@ class TaskLoop(AgentParts):
                 return
             except ControllerError as exc:
                 log.warning("posting task %s's result failed: %s", task.id, exc)
-                if attempt + 1 < RESULT_ATTEMPTS:
-                    self._sleep(delay)
-                    delay *= 2
+                if waited + delay > RESULT_PATIENCE or self._stopping.is_set():
+                    break
+                self._sleep(delay)
+                waited += delay
+                delay = min(delay * 2, RESULT_MAX_WAIT)
                 continue
             if not accepted:
                 log.info("task %s's result was not accepted (no longer in flight)", task.id)

@@ -59,6 +59,7 @@ class FakeController:
     cordoned: bool = False
     refused_runner_ids: set[int] = field(default_factory=set)
     reports_status: int = 200  # set to 503 to make the controller drop reports
+    results_refused: int = 0  # the next this many result posts are answered 503 (busy)
     calls: list[Call] = field(default_factory=list)
     tasks: dict[int, FakeTask] = field(default_factory=dict)
     results: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
@@ -186,6 +187,9 @@ class FakeController:
             task_id = int(path.split("/")[-2])
             result = protocol.TaskResult.from_json(body)
             with self.cond:
+                if self.results_refused > 0:
+                    self.results_refused -= 1
+                    return 503, {"error": "The database is unavailable; try again."}
                 task = self.tasks.get(task_id)
                 if task is None:
                     return 404, {"error": "No such task for this host."}

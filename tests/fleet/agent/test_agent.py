@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 
+from fleet.agent import tasks
 from fleet.agent.backends.base import RunnerSpec, WorkloadStatus
 from fleet.agent.backends.process import ProcessBackend
 from tests.fleet.agent.fakes import wait_until
@@ -372,3 +373,28 @@ def test_run11_a_stop_without_a_grace_signals_at_once(make_agent, controller, cl
     assert controller.result_of(stop_id)["ok"] is True
     agent.reconcile_once(clock())
     assert controller.reports_for(21)[-1]["exit_code"] == 128 + 15
+
+
+def test_agent_a_result_is_offered_again_through_a_long_outage_then_given_up(
+    make_agent, controller
+):
+    """A stop's result refused for 10 tries (a 45 s write lock on a slow machine) still
+    lands: three tries in about 23 s left the task in flight for its whole lease. Past
+    RESULT_PATIENCE of waiting the agent gives up (the lease brings the task back)."""
+    waits: list[float] = []
+    agent = make_agent(sleep=waits.append)
+    agent.connect()
+    controller.results_refused = 10
+    stop = controller.enqueue("stop_runner", 31, {"timeout": 1})
+    agent.poll_once(wait=0)
+    wait_until(lambda: controller.result_of(stop))
+    assert controller.result_of(stop)["ok"] is True
+    assert waits == [1, 2, 4, 8, 15, 15, 15, 15, 15, 15]
+
+    waits.clear()
+    controller.results_refused = 1000
+    again = controller.enqueue("stop_runner", 32, {"timeout": 1})
+    agent.poll_once(wait=0)
+    assert agent.wait_for_tasks(10)
+    assert controller.result_of(again) is None
+    assert sum(waits) <= tasks.RESULT_PATIENCE < sum(waits) + tasks.RESULT_MAX_WAIT
