@@ -162,6 +162,7 @@ def _runner_view(r: Runner, *, unlinked_exit: bool = False) -> RunnerView:
         memory_mb=r.memory_mb,
         dind=r.pool.dind,
         unlinked_exit=unlinked_exit,
+        installation_id=r.installation_id,
     )
 
 

@@ -20,6 +20,7 @@ runner; docs/performance.md has the figures.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -97,7 +98,7 @@ def decide_with(snapshot: Snapshot, assign: JobAssigner, make_hosts: HostsFactor
             pool,
             snapshot,
             runners_by_pool.get(pool.id, []),
-            len(jobs_by_pool.get(pool.id, ())),
+            jobs_by_pool.get(pool.id, ()),
             hosts,
             failed_ids,
             drained_ids,
@@ -250,7 +251,7 @@ def _plan_pool(
     pool: PoolView,
     snapshot: Snapshot,
     pool_runners: Sequence[RunnerView],
-    jobs: int,
+    pool_jobs: Sequence[JobView],
     hosts: Hosts,
     failed_ids: frozenset[int],
     drained_ids: frozenset[int],
@@ -258,17 +259,22 @@ def _plan_pool(
     """Demand, scale-from-zero, backoff and placement for one pool, charging the books."""
     out = _PoolOutcome()
     live = sum(1 for r in pool_runners if r.state not in TERMINAL_STATES and r.id not in failed_ids)
-    available = sum(
-        1
+    ready = [
+        r
         for r in pool_runners
         if r.state in AVAILABLE_STATES and r.id not in failed_ids and r.id not in drained_ids
-    )
+    ]
+    available = len(ready)
+    jobs = len(pool_jobs)
     # A runner that just ran a job we have not heard of yet stands for that job, which
     # still looks queued here (webhooks reordered or dropped until the next poll).
     unheard = min(jobs, _unlinked_exits(pool_runners, snapshot))
     jobs -= unheard
-    # Scale on demand, never one runner per job id: an idle runner takes any matching job.
-    wanted = max(0, jobs + pool.warm - available)
+    # Scale on demand, never one runner per job id: an idle runner takes any matching job
+    # of its own installation, and only those (POLL-05: one installation must not starve
+    # another).
+    serving, spare = _serving(ready, pool_jobs)
+    wanted = max(0, jobs - serving) + max(0, pool.warm - spare)
     if wanted == 0:
         return out
     if pool.paused:
@@ -407,6 +413,33 @@ def _unlinked_exits(pool_runners: Sequence[RunnerView], snapshot: Snapshot) -> i
         and r.finished_at is not None
         and snapshot.now - r.finished_at < grace
     )
+
+
+def _serving(ready: Sequence[RunnerView], jobs: Sequence[JobView]) -> tuple[int, int]:
+    """(how many queued jobs the available runners can take, how many are left spare).
+
+    A runner registered in one installation cannot run another's job, so for a pool that
+    serves several installations an idle runner of one does not stand for a job of the
+    other; a runner or job of no known installation matches any. With one installation
+    (or none known) this is `min(available, jobs)` and the rest spare, as before.
+    """
+    runners_at = Counter(r.installation_id for r in ready)
+    jobs_at = Counter(j.installation_id for j in jobs)
+    serving = 0
+    for inst, ready_here in list(runners_at.items()):
+        if inst is not None:
+            taken = min(ready_here, jobs_at.get(inst, 0))
+            serving += taken
+            runners_at[inst] -= taken
+            jobs_at[inst] -= taken
+    # Runners of no known installation take any job left; any runner left takes a job of
+    # no known installation.
+    anywhere = runners_at.pop(None, 0)
+    taken = min(anywhere, sum(n for inst, n in jobs_at.items() if inst is not None))
+    serving, anywhere = serving + taken, anywhere - taken
+    spare = anywhere + sum(runners_at.values())
+    taken = min(spare, jobs_at.get(None, 0))
+    return serving + taken, spare - taken
 
 
 def _demand_text(jobs: int, warm: int, available: int) -> str:

@@ -115,6 +115,8 @@ class RunnerView:
     dind: bool = False
     # A removed ephemeral runner that exited 0 without any job being linked to it.
     unlinked_exit: bool = False
+    # Where it is registered; None when not yet known (a row written before its mint).
+    installation_id: int | None = None
 
 
 @dataclass(frozen=True)
