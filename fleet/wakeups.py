@@ -137,11 +137,7 @@ class TaskWatcher:
 
     def _listener(self) -> wakebus.Listener | None:
         if self._bus is None:
-            try:
-                self._bus = wakebus.Listener(wakebus.AGENT_TASKS)
-            except OSError:
-                log.warning("task watcher: no wake bus, polling only", exc_info=True)
-                self._bus = False
+            self._bus = wakebus.listen_or_none(wakebus.AGENT_TASKS) or False
         return self._bus or None
 
     def _drain_bus(self) -> None:

@@ -233,11 +233,7 @@ class Relay:
 
     def _wake_listener(self) -> wakebus.Listener | None:
         if self.bus is None:
-            try:
-                self.bus = wakebus.Listener(wakebus.EVENTS)
-            except OSError:
-                log.warning("event relay: no wake bus, polling only", exc_info=True)
-                self.bus = False
+            self.bus = wakebus.listen_or_none(wakebus.EVENTS) or False
         return self.bus or None
 
     def _drain_wakes(self) -> None:

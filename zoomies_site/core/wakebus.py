@@ -119,6 +119,24 @@ def _sending_socket() -> socket.socket:
     return _sender
 
 
+def _send(path: Path) -> bool | None:
+    """One wake to the socket at `path`: True if it is there to take it (a full buffer
+    counts: it is awake already), None if its process is gone (the socket is removed),
+    False for any other failure."""
+    try:
+        _sending_socket().sendto(b"!", str(path))
+        return True
+    except BlockingIOError:
+        return True
+    except OSError as error:
+        if error.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        log.debug("wake bus: sending to %s failed", path, exc_info=True)
+        return False
+
+
 def notify(topic: str, directory: Path | None = None) -> int:
     """Wake every listener on `topic`; how many were reached. Never raises."""
     try:
@@ -127,23 +145,7 @@ def notify(topic: str, directory: Path | None = None) -> int:
     except Exception:  # no bus here: the listeners' own polls find the work
         log.debug("wake bus: cannot list %s", topic, exc_info=True)
         return 0
-    if not paths:
-        return 0
-    sender = _sending_socket()
-    reached = 0
-    for path in paths:
-        try:
-            sender.sendto(b"!", str(path))
-            reached += 1
-        except BlockingIOError:
-            reached += 1  # its buffer is full of wakes it has not read: it is awake already
-        except OSError as error:
-            if error.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                with contextlib.suppress(OSError):
-                    path.unlink()  # its process is gone
-            else:
-                log.debug("wake bus: sending to %s failed", path, exc_info=True)
-    return reached
+    return sum(1 for path in paths if _send(path))
 
 
 def sweep_stale(root: Path | None = None) -> int:
@@ -151,24 +153,24 @@ def sweep_stale(root: Path | None = None) -> int:
 
     A killed process leaves its socket; senders remove the ones they are refused by, but a
     database nobody uses again keeps its directory. The controller sweeps at start. Returns
-    how many sockets were removed.
+    how many sockets were removed. A live listener takes the sweep's wake as one more hint.
     """
     removed = 0
-    sender = _sending_socket()
     for folder in (root or Path(tempfile.gettempdir())).glob("zoomies-wake-*"):
-        for path in folder.glob("*.sock"):
-            try:
-                sender.sendto(b"!", str(path))  # a live listener takes it as one more hint
-            except BlockingIOError:
-                continue
-            except OSError as error:
-                if error.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                    with contextlib.suppress(OSError):
-                        path.unlink()
-                        removed += 1
+        removed += sum(1 for path in folder.glob("*.sock") if _send(path) is None)
         with contextlib.suppress(OSError):
             folder.rmdir()  # only if empty
     return removed
+
+
+def listen_or_none(topic: str) -> Listener | None:
+    """A listener on `topic`, or None (logged) when the bus cannot be set up here: the
+    caller then polls alone, as it did before the bus."""
+    try:
+        return Listener(topic)
+    except OSError:
+        log.warning("wake bus: cannot listen on %s; polling only", topic, exc_info=True)
+        return None
 
 
 _notifiers: dict[str, Any] = {}
