@@ -71,9 +71,12 @@ def test_cap18_a_step_hands_each_due_try_to_a_django_q2_task(config, clock):
     queue_jobs(1, at=clock.now)
     report = step(clock.now, config=config)
     assert report.started and report.dispatched == report.started
-    assert OrmQ.objects.count() == 1
-    task = OrmQ.objects.get().task
-    assert task["func"] == "capacity.tasks.deliver_task" and task["args"] == tuple(report.started)
+    # The deliveries' own rows: a reconcile wake queued by something else (CI on PostgreSQL
+    # once saw a second row here) is not what this test is about, but it is named if seen.
+    queued = [row.task for row in OrmQ.objects.all()]
+    deliveries = [t for t in queued if t["func"] == "capacity.tasks.deliver_task"]
+    assert len(deliveries) == 1, [t["func"] for t in queued]
+    assert deliveries[0]["args"] == tuple(report.started)
 
 
 @pytest.mark.django_db
