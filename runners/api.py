@@ -342,14 +342,8 @@ class InstallationSerializer(serializers.ModelSerializer):
             "id", "active", "created_at", "last_webhook_at", "last_polled_at",
             "standdown_until", "standdown_reason",
         ]  # fmt: skip
+        # The repositories' check is the model's (validate_repository_names), as the command's.
         extra_kwargs = {"github_id": {"validators": [], "min_value": 1}}
-
-    def validate_repositories(self, value):
-        if not isinstance(value, list) or not all(
-            isinstance(r, str) and r.count("/") == 1 and all(r.split("/")) for r in value
-        ):
-            raise serializers.ValidationError("a list of owner/name strings")
-        return value
 
 
 class InstallationList(generics.ListCreateAPIView):

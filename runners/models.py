@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
@@ -211,6 +212,14 @@ def pool_errors(values: Mapping[str, Any]) -> dict[str, list[str]]:
     return errors
 
 
+def validate_repository_names(value: object) -> None:
+    """An installation's repositories: a list of owner/name strings (API, command, admin)."""
+    if not isinstance(value, list) or not all(
+        isinstance(r, str) and r.count("/") == 1 and all(r.split("/")) for r in value
+    ):
+        raise ValidationError("a list of owner/name strings")
+
+
 class Installation(models.Model):
     """A GitHub App installation: the account whose runners and jobs Zoomies manages."""
 
@@ -219,11 +228,14 @@ class Installation(models.Model):
         REPO = "repo"
         ENTERPRISE = "enterprise"
 
-    github_id = models.BigIntegerField(unique=True)
+    github_id = models.BigIntegerField(unique=True, validators=[MinValueValidator(1)])
     account = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.ORG)
     repositories = models.JSONField(
-        default=list, blank=True, help_text="owner/name of the repositories it covers"
+        default=list,
+        blank=True,
+        help_text="owner/name of the repositories it covers",
+        validators=[validate_repository_names],
     )
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)

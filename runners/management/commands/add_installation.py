@@ -6,10 +6,11 @@ the UI manage them).
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand
-from django.db import transaction
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
-from accounts import audit
+from runners.actions import pools as pool_actions
 from runners.models import Installation
 
 
@@ -23,19 +24,17 @@ class Command(BaseCommand):
         parser.add_argument("--repo", action="append", default=[], help="owner/name; repeatable")
 
     def handle(self, *args, **options):
-        with transaction.atomic():
-            installation, created = Installation.objects.update_or_create(
+        # The API's writer and validation: an id past a bigint or a bad repository name is a
+        # clear error, not a traceback, and the audit row is the same.
+        try:
+            installation, _ = pool_actions.add_installation(
                 github_id=options["id"],
-                defaults={
-                    "account": options["account"],
-                    "kind": options["kind"],
-                    "repositories": options["repo"],
-                    "active": True,
-                },
-            )
-            audit.record(
+                account=options["account"],
+                kind=options["kind"],
+                repositories=options["repo"],
                 actor="cli:add_installation",
-                action="installation.create" if created else "installation.update",
-                target=installation,
+                now=timezone.now(),
             )
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from exc
         self.stdout.write(f"installation {installation.github_id} ({installation.account})")
