@@ -43,11 +43,16 @@ async def django_until_cancelled(scope, receive, send):
             return {"type": "http.disconnect"}
         message = asyncio.ensure_future(receive())
         cancelled = asyncio.ensure_future(gone.wait())
-        await asyncio.wait({message, cancelled}, return_when=asyncio.FIRST_COMPLETED)
-        if message.done():
+        try:
+            await asyncio.wait({message, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Django cancels its disconnect listener once it has answered: neither wait may
+            # outlive this call (each was a pending task per request, destroyed by the GC).
             cancelled.cancel()
+            if not message.done():
+                message.cancel()
+        if message.done() and not message.cancelled():
             return message.result()
-        message.cancel()
         return {"type": "http.disconnect"}
 
     inner = asyncio.ensure_future(django_application(scope, receive_or_gone, send))
