@@ -241,4 +241,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     url = os.environ.get("ZOOMIES_DATABASE_URL")
     if url:
         postgres_databases.drop_created(url)
+        if not os.environ.get("ZOOMIES_TEST_DATABASE_NAME"):
+            worker = getattr(session.config, "workerinput", {}).get("workerid")
+            postgres_databases.drop_own_test_database(url, worker)
     wakebus.sweep_stale()  # the wake sockets of the controllers the tests killed
