@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.db import connections
 from django_q.conf import Conf
 
 from zoomies_site.core import wakebus
@@ -115,7 +116,14 @@ def test_hook04_an_enqueue_wakes_the_pusher_of_another_broker_before_its_poll(mo
 
     monkeypatch.setattr(listener, "wait", recorded_wait)
     taken: list = []
-    thread = threading.Thread(target=lambda: taken.append(pusher.dequeue()))
+
+    def pusher_thread() -> None:
+        try:
+            taken.append(pusher.dequeue())
+        finally:
+            connections.close_all()  # this thread's own connection: none outlives the test
+
+    thread = threading.Thread(target=pusher_thread)
     thread.start()
     try:
         assert waiting.wait(30), "the pusher never started waiting"
