@@ -122,16 +122,12 @@ def drop_created(url: str) -> list[str]:
     return dropped
 
 
-def drop_own_test_database(url: str, worker: str | None) -> bool:
+def drop_own_test_database(url: str, worker: str | None) -> None:
     """Drop this process's pytest-django test database if it is still there: its own drop
     fails when a child that wrote it has exited but its server session has not yet ended
     ("is being accessed by other users"), and it was then left on the shared server."""
-    name = run_database_name() + (f"_{worker}" if worker else "")
     with psycopg.connect(url, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            return False
-        _drop(conn, name)
-    return True
+        _drop(conn, run_database_name() + (f"_{worker}" if worker else ""))
 
 
 def drop_stale(url: str) -> list[str]:

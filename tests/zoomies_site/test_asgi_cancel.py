@@ -49,7 +49,7 @@ def test_an_answered_request_leaves_no_task_waiting():
     async def run() -> tuple[list[dict], list[str]]:
         sent: list[dict] = []
         client_gone = asyncio.Event()  # the client stays connected: receive never ends
-        messages = [{"type": "http.request", "body": b"", "more_body": False}]
+        messages: list[dict] = []
 
         async def receive() -> dict:
             if messages:
