@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +49,54 @@ def test_lease01_lease04_a_second_controller_on_the_same_database_is_refused(tmp
         assert f"pid {first.process.pid}" in second.stderr
     finally:
         first.stop()
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "stat").read_text().rsplit(")", 1)[1].split()[
+                1
+            ] == str(pid):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def open_files(pid: int) -> set[str]:
+    names = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            names.add(os.readlink(fd))
+        except OSError:
+            continue
+    return names
+
+
+@pytest.mark.any_database  # what it checks is the process tree, the same on either engine
+def test_the_web_server_and_the_workers_are_forked_and_keep_no_controller_lock(tmp_path):
+    """The controller forks its web server and its django-q2 cluster with the project already
+    imported (zoomies_site/core/forked.py), rather than starting two more interpreters that
+    import it all again; and neither child keeps the controller's file lock open, which
+    would hold it past the controller's own death."""
+    controller = Controller(tmp_path)
+    try:
+        controller.start("--no-agent")
+        parent = controller.process.pid
+        cmdline = Path(f"/proc/{parent}/cmdline").read_bytes()
+        children = children_of(parent)
+        assert len(children) == 2, children
+        lock = (
+            str(tmp_path / "zoomies.db.lock")
+            if "ZOOMIES_DATABASE_URL" not in controller.env
+            else str(tmp_path / "controller.lock")
+        )
+        assert lock in open_files(parent)
+        for child in children:
+            assert Path(f"/proc/{child}/cmdline").read_bytes() == cmdline  # a fork: no exec
+            assert lock not in open_files(child)
+        assert controller.reconcile_passes() >= 0  # /metrics answers from the forked web server
+        controller.wait_reconcile_passes(1)  # and counts the forked workers' passes
+    finally:
+        controller.stop()

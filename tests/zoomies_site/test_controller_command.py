@@ -158,7 +158,7 @@ def test_cap02_a_controller_given_a_weak_signing_secret_does_not_start(
     """CAP-02: a short or low-entropy capacity signing secret stops the start, unquoted,
     before any child process (the findings come before the web server and the workers)."""
     spawned: list[object] = []
-    monkeypatch.setattr(command.Command, "_spawn", lambda self, *a, **kw: spawned.append(a))
+    monkeypatch.setattr(command.Command, "_spawn_workers", lambda self, *a, **kw: spawned.append(a))
     monkeypatch.setattr(command.Command, "_spawn_web", lambda self, *a, **kw: spawned.append(a))
     monkeypatch.setenv("ZOOMIES_CAPACITY_DEMAND_DESTINATION_URL", "https://scaler.example/hook")
     monkeypatch.setenv("ZOOMIES_CAPACITY_DEMAND_SIGNING_SECRET", "hunter2hunter2")

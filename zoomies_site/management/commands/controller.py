@@ -2,8 +2,9 @@
 
 In order: the controller lock (the file lock, and the lease row once the database has its
 table), migrations, the settings findings (errors stop startup), then the web server
-(`zoomies_site.server`, daphne), the django-q2 cluster, the embedded agent (over loopback
-HTTP, exactly as a remote agent) and the ticker that enqueues periodic passes.
+(`zoomies_site.server`, daphne) and the django-q2 cluster, each forked from this process
+with the project already imported (zoomies_site/core/forked.py), the embedded agent (over
+loopback HTTP, exactly as a remote agent) and the ticker that enqueues periodic passes.
 
 It stops in the reverse order, and says so: the embedded agent first, while the web server
 can still take its last reports, then the workers, then the web server.
@@ -11,13 +12,12 @@ can still take its last reports, then the workers, then the web server.
 
 from __future__ import annotations
 
-import ctypes
 import logging
+import multiprocessing
 import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,19 +34,12 @@ from fleet.embedded import embedded_host_name, start_embedded_agent
 from zoomies_site import metrics
 from zoomies_site import sandbox as sandbox_mod
 from zoomies_site.core import controller_lock, dbhealth, registry, wakebus
+from zoomies_site.core.forked import ForkedChild, MetricsNotShared
 from zoomies_site.problems import config_findings
 from zoomies_site.recovery import recover_after_restart
 from zoomies_site.ticker import default_ticker
 
 log = logging.getLogger("zoomies.controller")
-
-
-def _die_with_parent() -> None:
-    """Runs in each child before exec: the kernel sends it SIGTERM when the controller dies,
-    however it dies (SIGKILL included), so no web server or worker outlives its controller
-    and keeps serving the port or working the queue."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def split_bind(bind: str) -> tuple[str, int]:
@@ -111,7 +104,7 @@ class Command(BaseCommand):
         host, port = split_bind(bind)
 
         # ARCH-03: the lock before anything else; a refused controller must not migrate.
-        lock = self._lock()
+        lock = self.lock = self._lock()
         web = workers = agent = sandbox = None
         try:
             tls = bool(registry.get("server.tls_cert") and registry.get("server.tls_key"))
@@ -155,7 +148,7 @@ class Command(BaseCommand):
                 sandbox_mod.seed(sandbox)
 
             web = web or self._spawn_web(host, port, inner)
-            workers = self._spawn(["qcluster"])
+            workers = self._spawn_workers()
             children = [web, workers]
             self._wait_ready(base_url, children)
             self.stdout.write(
@@ -183,9 +176,9 @@ class Command(BaseCommand):
         self,
         lock: controller_lock.ControllerLock,
         takeover: bool,
-        start_web: Callable[[], subprocess.Popen],
+        start_web: Callable[[], ForkedChild],
         base_url: str,
-    ) -> subprocess.Popen | None:
+    ) -> ForkedChild | None:
         """The lease, the migrations and the recovery, tried again for as long as the
         database takes no writes (issue 11 item 5, at startup as in the loop): a write lock
         another process holds or a read-only file is a degraded state, not an exit. The
@@ -264,7 +257,7 @@ class Command(BaseCommand):
             log.info("stopped")
 
     @staticmethod
-    def _stop_child(child: subprocess.Popen) -> None:
+    def _stop_child(child: ForkedChild) -> None:
         if child.poll() is None:
             child.terminate()
         try:
@@ -273,23 +266,37 @@ class Command(BaseCommand):
             child.kill()
             child.wait(timeout=5)
 
-    def _spawn(self, manage_args: list[str]) -> subprocess.Popen:
-        manage = Path(settings.BASE_DIR) / "manage.py"
-        return subprocess.Popen(
-            [sys.executable, str(manage), *manage_args],
-            env=os.environ.copy(),
-            preexec_fn=_die_with_parent,
-        )
+    def _spawn_workers(self) -> ForkedChild:
+        def cluster() -> None:
+            call_command("qcluster")
+            # The cluster runs in its sentinel process; a `qcluster` process waits for it in
+            # the interpreter's exit, which a forked child leaves without (os._exit).
+            for process in multiprocessing.active_children():
+                process.join()
 
-    def _spawn_web(self, host: str, port: int, internal: int | None) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "zoomies_site.server", "--bind", f"{host}:{port}"]
+        return self._fork("django-q2 cluster", cluster)
+
+    def _spawn_web(self, host: str, port: int, internal: int | None) -> ForkedChild:
+        argv = ["--bind", f"{host}:{port}"]
         if internal is not None:
             argv += ["--internal-port", str(internal)]
-        return subprocess.Popen(
-            argv, cwd=str(settings.BASE_DIR), env=os.environ.copy(), preexec_fn=_die_with_parent
-        )
 
-    def _wait_ready(self, base_url: str, children: list[subprocess.Popen]) -> None:
+        def serve() -> None:
+            from zoomies_site import server  # noqa: PLC0415  # daphne's reactor: the child's own
+
+            server.main(argv)
+
+        return self._fork("web server", serve)
+
+    def _fork(self, name: str, run: Callable[[], object]) -> ForkedChild:
+        """Forked, not exec'd: the child starts with the project imported and Django set
+        up (zoomies_site/core/forked.py); it must not keep the controller's file lock."""
+        try:
+            return ForkedChild(name, run, close_in_child=[self.lock.fd])
+        except MetricsNotShared as exc:
+            raise CommandError(str(exc)) from exc
+
+    def _wait_ready(self, base_url: str, children: list[ForkedChild]) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             for child in children:
@@ -332,7 +339,7 @@ class Command(BaseCommand):
             log.warning("database writable again: the controller carries on")
         return renewed
 
-    def _loop(self, lock, children: list[subprocess.Popen]) -> None:
+    def _loop(self, lock, children: list[ForkedChild]) -> None:
         ticker = default_ticker(timezone.now())
         renew_every = registry.get("controller.lease_renew").total_seconds()
         # The write probe runs on a thread of its own: a ticker round enqueues through the

@@ -1,0 +1,131 @@
+"""Children forked from the controller: the web server and the django-q2 cluster.
+
+The controller has imported the project and set Django up before it starts them, so a fork
+gives each child that for free: a child started as a fresh interpreter imported it all again
+(about 1.5 s of CPU each here), and its pages were its own where a fork shares the parent's
+until either writes them (the idle footprint, docs/performance.md "Memory").
+
+What a fork carries over that an exec did not, and how each is handled:
+
+- the database connections: every one is closed before the fork, so no two processes speak
+  on one socket or share SQLite's per-process file state;
+- the controller's signal handlers: reset to the defaults, then the child installs its own
+  (daphne's reactor, django-q2's cluster);
+- open files: `close_in_child` names the ones a child must not keep (the controller's file
+  lock, which would otherwise stay held until the last child exited);
+- Prometheus: the children count into files only if the controller was in multiprocess mode
+  before its first metric existed (manage.py sees to that for `controller`); `fork` refuses
+  otherwise rather than start children whose counts /metrics would never see;
+- atexit handlers and buffered output: the child flushes and leaves with `os._exit`.
+
+A fork copies only the thread that calls it. The controller forks before it starts its own
+threads (the embedded agent, the lease renewal); the sandbox's fake GitHub, when asked for,
+is the one thread running by then, and a child never touches it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+
+from django.db import connections
+
+PR_SET_PDEATHSIG = 1
+WAIT_POLL = 0.05
+
+
+class MetricsNotShared(RuntimeError):
+    """Prometheus was not in multiprocess mode when this process made its first metric."""
+
+
+def die_with_parent() -> None:
+    """The kernel sends this process SIGTERM when its parent dies, however it dies (SIGKILL
+    included), so no web server or worker outlives its controller."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def metrics_shared() -> bool:
+    from prometheus_client import values  # noqa: PLC0415  # read at call time, not import
+
+    return bool(getattr(values.ValueClass, "_multiprocess", False))
+
+
+class ForkedChild:
+    """A forked child running `run()`, with the part of `subprocess.Popen` the controller
+    uses: `args`, `pid`, `returncode`, `poll`, `wait`, `terminate`, `kill`."""
+
+    def __init__(self, name: str, run: Callable[[], object], close_in_child: Iterable[int] = ()):
+        if not metrics_shared():
+            raise MetricsNotShared(
+                f"cannot fork the {name}: Prometheus is not in multiprocess mode in this "
+                "process, so the child's counts would never reach /metrics (start it with "
+                "`manage.py controller`, which sets PROMETHEUS_MULTIPROC_DIR first)"
+            )
+        self.args = [name]
+        self.returncode: int | None = None
+        connections.close_all()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child's side ends in os._exit
+            _child(run, parent, tuple(close_in_child))
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(WAIT_POLL)
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        # Only a child not yet reaped: a reaped pid may already be someone else's.
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _child(run: Callable[[], object], parent: int, close: tuple[int, ...]) -> None:
+    code = 1
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        die_with_parent()
+        if os.getppid() != parent:  # the parent died before the line above took effect
+            os._exit(1)
+        for fd in close:
+            os.close(fd)
+        run()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # whatever it was, say it and leave with 1
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
