@@ -24,12 +24,13 @@ def count_metrics_in_files() -> None:
     prometheus_client chooses how a process keeps its counts when its first metric is made:
     in files, which the children inherit and /metrics adds up, only if this variable is set
     by then. The controller points it at its data directory's once it holds the lock; until
-    then its own counts go to a directory of its own, removed when it exits."""
+    then its own counts go to a directory of its own, which it removes once it has pointed
+    the variable at its data directory (or at its exit, if it never got that far)."""
     if METRICS_DIR_ENV in os.environ:
         return
-    where = tempfile.mkdtemp(prefix="zoomies-controller-metrics-")
+    where = tempfile.mkdtemp(prefix="zoomies-controller-metrics-")  # metrics.STARTUP_DIR_PREFIX
     atexit.register(shutil.rmtree, where, True)
-    os.environ[METRICS_DIR_ENV] = where
+    os.environ.update({METRICS_DIR_ENV: where})
 
 
 if __name__ == "__main__":

@@ -2,20 +2,24 @@
 
 Thin views: parse, authenticate the agent by the sha256 of its bearer token, call one
 action, answer JSON. Errors have one shape, `{"error": "<sentence>"}`. The task long-poll
-is an async view that touches the ORM only through short `sync_to_async` calls, each of
-which gives its connection back before the wait, so a waiting poll holds no connection.
+is an async view that touches the ORM only through short `sync_to_async` calls, so a
+waiting poll holds no thread and no connection of its own.
 
 Those calls are not thread-sensitive: under ASGI every thread-sensitive call (each sync
 view, the admin, the API) queues on one shared thread, and a fleet of polling agents would
-queue there with them. They run on the executor's pool instead; each opens its own
-connection on the pool thread it lands on and closes it before returning.
+queue there with them. They run on POLL_THREADS long-lived threads of their own instead,
+which keep their database connection from one call to the next and close it on any error,
+as fleet/agent_asgi.py's threads do: a connection opened and closed for each call was what
+a profile of the web server at 1,000 agents showed first (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from functools import wraps
 
@@ -38,6 +42,11 @@ log = logging.getLogger("zoomies.fleet")
 
 MAX_BODY_BYTES = protocol.MAX_BODY_BYTES
 TASKS_PER_POLL = 10
+# Each call is a query or two, so two threads keep up with thousands of polls; they also
+# bound how many connections the long-poll holds at once, however many agents wait.
+POLL_THREADS = 2
+POLL_THREAD_PREFIX = "agent-poll"
+_poll_pool = ThreadPoolExecutor(max_workers=POLL_THREADS, thread_name_prefix=POLL_THREAD_PREFIX)
 # What an agent is told to wait before trying again when the database is busy (a 503).
 BUSY_RETRY_AFTER_SECONDS = 5
 
@@ -239,17 +248,31 @@ def task_wire(task: AgentTask) -> dict:
 
 def _release_connection() -> None:
     # CONN_MAX_AGE is 0, but only a request's end would close it, and a pool thread never
-    # sees one: close every connection this thread opened, so none is held while the poll
-    # waits or left behind on the pool thread. Never inside an atomic block (a test's).
+    # sees one: close every connection this thread opened, after an error (a broken
+    # connection is never reused) or at a test's end. Never inside an atomic block (a test's).
     for conn in connections.all(initialized_only=True):
         if not conn.in_atomic_block:
             conn.close()
 
 
-# The long-poll's database calls: short, self-contained, and off the thread-sensitive
-# executor (see the module docstring).
-def _off_the_shared_thread(func: Callable) -> Callable:
-    return sync_to_async(func, thread_sensitive=False)
+# The long-poll's database calls: short, self-contained, and on the poll's own threads
+# (see the module docstring). The pool is looked up at each call, so each test can have a
+# pool of its own (tests/conftest.py).
+def _on_the_poll_threads(func: Callable) -> Callable:
+    return sync_to_async(func, thread_sensitive=False, executor=_poll_pool)
+
+
+def close_poll_connections(pool: ThreadPoolExecutor, threads: int = POLL_THREADS) -> None:
+    """Close the connections every thread of `pool` keeps: one call per thread at once, held
+    at a barrier so no thread takes two (a pool short of threads starts them to take these)."""
+    barrier = threading.Barrier(threads)
+
+    def close() -> None:
+        barrier.wait(timeout=30)
+        _release_connection()
+
+    for done in [pool.submit(close) for _ in range(threads)]:
+        done.result(timeout=60)
 
 
 def _authenticate(token: str | None) -> tuple[int | None, float]:
@@ -258,8 +281,9 @@ def _authenticate(token: str | None) -> tuple[int | None, float]:
         host = host_for_agent_token(token, now=timezone.now())
         default_wait = registry.get("agent.long_poll_wait").total_seconds()
         return (host.pk if host else None), default_wait
-    finally:
-        _release_connection()
+    except BaseException:
+        _release_connection()  # whatever broke, the thread's next call starts afresh
+        raise
 
 
 def _take(host_id: int, polled_at: datetime) -> list[dict]:
@@ -283,8 +307,9 @@ def _take(host_id: int, polled_at: datetime) -> list[dict]:
                     actor="system:taskqueue",
                 )
         return wires
-    finally:
+    except BaseException:
         _release_connection()
+        raise
 
 
 # Exempt so a POST gets the protocol's JSON 405 rather than the CSRF middleware's HTML 403
@@ -294,7 +319,7 @@ async def tasks(request: HttpRequest) -> JsonResponse:
     """`GET tasks?wait=N`: the host's tasks at once, or after a wake, or `[]` after N s."""
     if request.method != "GET":
         return error("use GET", 405, Allow="GET")
-    host_id, default_wait = await _off_the_shared_thread(_authenticate)(bearer_token(request))
+    host_id, default_wait = await _on_the_poll_threads(_authenticate)(bearer_token(request))
     if host_id is None:
         return unauthorized()
     try:
@@ -304,7 +329,7 @@ async def tasks(request: HttpRequest) -> JsonResponse:
     deadline = time.monotonic() + wait
     polled_at = timezone.now()
     while True:
-        taken = await _off_the_shared_thread(_take)(host_id, polled_at)
+        taken = await _on_the_poll_threads(_take)(host_id, polled_at)
         remaining = deadline - time.monotonic()
         if taken or remaining <= 0:
             return JsonResponse({"tasks": taken})  # each one a protocol.Task
@@ -320,8 +345,9 @@ def _host_id(token: str | None) -> int | None:
     try:
         host = host_for_agent_token(token, now=timezone.now())
         return host.pk if host else None
-    finally:
+    except BaseException:
         _release_connection()
+        raise
 
 
 @csrf_exempt
@@ -331,7 +357,7 @@ async def log_chunk(request: HttpRequest, stream_id: str) -> JsonResponse:
     shared sync thread; the hub only appends, so it never waits on a viewer either."""
     if request.method != "POST":
         return error("use POST", 405, Allow="POST")
-    host_id = await _off_the_shared_thread(_host_id)(bearer_token(request))
+    host_id = await _on_the_poll_threads(_host_id)(bearer_token(request))
     if host_id is None:
         return unauthorized()
     try:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from accounts import actions as account_actions
 from accounts import sealing
 from accounts.roles import ALL_SCOPES
+from fleet import api as agent_api
 from runners import webhook_writer
 from runners.github import config  # the cached App is built from registry values
 from tests import postgres_databases
@@ -73,6 +75,20 @@ def _webhook_writer_stopped() -> Iterator[None]:
     ended after each test that started it, so no connection outlives the test's database."""
     yield
     webhook_writer.writer.stop()
+
+
+@pytest.fixture(autouse=True)
+def _agent_poll_threads(monkeypatch) -> Iterator[None]:
+    """The long-poll's threads keep their connections between calls (fleet/api.py): each test
+    gets a pool of its own, whose connections are closed when it ends, so none outlives the
+    test's database or carries one test's state into the next."""
+    pool = ThreadPoolExecutor(
+        agent_api.POLL_THREADS, thread_name_prefix=agent_api.POLL_THREAD_PREFIX
+    )
+    monkeypatch.setattr(agent_api, "_poll_pool", pool)
+    yield
+    agent_api.close_poll_connections(pool)
+    pool.shutdown(wait=True)
 
 
 # -- the cast ----------------------------------------------------------------------------

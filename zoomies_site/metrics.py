@@ -18,6 +18,8 @@ default, SEC-02): Prometheus sends it with `authorization: {credentials: zpt_...
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -122,3 +124,19 @@ def clear_multiproc_dir(path: str | Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for child in directory.glob("*.db"):
         child.unlink(missing_ok=True)
+
+
+# manage.py's name for the directory a starting controller counts into before it knows its
+# data directory (manage.py cannot import this module that early: it imports the library).
+STARTUP_DIR_PREFIX = "zoomies-controller-metrics-"
+
+
+def remove_startup_dir(path: str | None) -> None:
+    """Remove manage.py's startup directory, and nothing an operator named."""
+    if not path:
+        return
+    directory = Path(path)
+    if directory.name.startswith(STARTUP_DIR_PREFIX) and directory.parent == Path(
+        tempfile.gettempdir()
+    ):
+        shutil.rmtree(directory, ignore_errors=True)

@@ -13,7 +13,8 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from django.db import connection, connections
+from django.db import OperationalError, connection
+from django.db.backends.signals import connection_created
 from django.test import AsyncRequestFactory
 
 from accounts.models import AuditLog
@@ -337,39 +338,86 @@ def test_task13_many_waiting_agents_share_one_watcher_and_one_query_per_look(
 @pytest.mark.django_db(transaction=True)
 def test_task13_the_long_poll_never_queues_on_the_shared_sync_thread(monkeypatch):
     """TASK-13: under ASGI every thread-sensitive sync call shares one thread; the long-poll's
-    database calls must not wait behind it (a slow admin page would stall every agent), and
-    they leave no connection open on the pool thread that ran them."""
+    database calls must not wait behind it (a slow admin page would stall every agent).
+    They run on the poll's own threads, which keep their connections: thirty polls open
+    no more connections than there are threads (issue 12: a connection per call was the
+    web server's first cost at 1,000 agents)."""
 
     host, token = join("h1")
     task = enqueue(host, make_runner(host))
-    left_open: list[str] = []
-    real_release = api._release_connection
+    opened_on: list[str] = []
 
-    def release_and_check() -> None:
-        real_release()
-        left_open.extend(
-            c.alias for c in connections.all(initialized_only=True) if c.connection is not None
-        )
+    def record(sender, connection, **kwargs):
+        opened_on.append(threading.current_thread().name)
 
     async def scenario():
         gate = threading.Event()
         # Hog the one thread-sensitive thread, as a slow sync view would.
         hog = asyncio.ensure_future(sync_to_async(gate.wait)(10))
         await asyncio.sleep(0.1)
-        request = AsyncRequestFactory().get(
-            "/api/v1/agent/tasks", {"wait": "0"}, headers={"Authorization": f"Bearer {token}"}
-        )
-        try:
+
+        async def poll():
+            request = AsyncRequestFactory().get(
+                "/api/v1/agent/tasks", {"wait": "0"}, headers={"Authorization": f"Bearer {token}"}
+            )
             return await asyncio.wait_for(api.tasks(request), timeout=3)
+
+        try:
+            first = await poll()
+            rest = [await poll() for _ in range(29)]
+            return first, rest
         finally:
             gate.set()
             await hog
 
-    monkeypatch.setattr(api, "_release_connection", release_and_check)
-    answer = async_to_sync(scenario)()
-    assert answer.status_code == 200
-    assert [t["id"] for t in json.loads(answer.content)["tasks"]] == [task.pk]
-    assert left_open == []
+    connection_created.connect(record)
+    try:
+        first, rest = async_to_sync(scenario)()
+    finally:
+        connection_created.disconnect(record)
+    assert first.status_code == 200
+    assert [t["id"] for t in json.loads(first.content)["tasks"]] == [task.pk]
+    assert all(r.status_code == 200 and json.loads(r.content) == {"tasks": []} for r in rest)
+    assert opened_on, "the polls opened no connection of their own"
+    assert all(name.startswith(api.POLL_THREAD_PREFIX) for name in opened_on), opened_on
+    assert len(opened_on) <= api.POLL_THREADS, opened_on
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task13_a_poll_threads_broken_connection_is_closed_not_reused(monkeypatch):
+    """A long-poll call that fails gives its thread's connection up, so the next call on that
+    thread opens a fresh one rather than reusing one a database restart may have broken."""
+    host, token = join("h1")
+    calls = {"n": 0}
+    real = api.take_tasks
+
+    def fail_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "take_tasks", fail_once)
+    closed: list[str] = []
+    real_release = api._release_connection
+
+    def release():
+        closed.append(threading.current_thread().name)
+        real_release()
+
+    monkeypatch.setattr(api, "_release_connection", release)
+
+    def poll():
+        request = AsyncRequestFactory().get(
+            "/api/v1/agent/tasks", {"wait": "0"}, headers={"Authorization": f"Bearer {token}"}
+        )
+        return async_to_sync(api.tasks)(request)
+
+    with pytest.raises(OperationalError):
+        poll()
+    assert len(closed) == 1 and closed[0].startswith(api.POLL_THREAD_PREFIX)
+    assert json.loads(poll().content) == {"tasks": []}
+    assert len(closed) == 1  # a call that succeeds keeps its connection
 
 
 # -- stops and removes that failed: rebuilt from rows on every tick (TASK-05, TASK-08) -----

@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +72,19 @@ def test_the_named_descriptors_are_closed_in_the_child_only(shared_metrics, tmp_
         os.fstat(kept)  # still the parent's
     finally:
         os.close(kept)
+
+
+def test_the_startup_metrics_directory_goes_and_an_operators_stays(tmp_path):
+    """manage.py's directory for a starting controller's counts is removed once the variable
+    points at the data directory; a directory anyone else named is never touched."""
+    from zoomies_site import metrics  # noqa: PLC0415
+
+    startup = Path(tempfile.mkdtemp(prefix=metrics.STARTUP_DIR_PREFIX))
+    (startup / "counter_1.db").write_bytes(b"")
+    operators = tmp_path / f"{metrics.STARTUP_DIR_PREFIX}theirs"  # the prefix, elsewhere
+    operators.mkdir()
+    metrics.remove_startup_dir(str(startup))
+    metrics.remove_startup_dir(str(operators))
+    metrics.remove_startup_dir(None)
+    assert not startup.exists()
+    assert operators.exists()

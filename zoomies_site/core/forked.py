@@ -7,8 +7,9 @@ until either writes them (the idle footprint, docs/performance.md "Memory").
 
 What a fork carries over that an exec did not, and how each is handled:
 
-- the database connections: every one is closed before the fork, so no two processes speak
-  on one socket or share SQLite's per-process file state;
+- the database connections: the forking thread's are closed before the fork, so no two
+  processes speak on one socket or share SQLite's per-process file state (no other thread
+  of the controller has used the database by then);
 - the controller's signal handlers: reset to the defaults, then the child installs its own
   (daphne's reactor, django-q2's cluster);
 - open files: `close_in_child` names the ones a child must not keep (the controller's file
@@ -16,16 +17,22 @@ What a fork carries over that an exec did not, and how each is handled:
 - Prometheus: the children count into files only if the controller was in multiprocess mode
   before its first metric existed (manage.py sees to that for `controller`); `fork` refuses
   otherwise rather than start children whose counts /metrics would never see;
+- the garbage collector: what exists at the fork is frozen first (gc.freeze), so neither
+  side's collections write to the pages they share;
 - atexit handlers and buffered output: the child flushes and leaves with `os._exit`.
 
-A fork copies only the thread that calls it. The controller forks before it starts its own
-threads (the embedded agent, the lease renewal); the sandbox's fake GitHub, when asked for,
-is the one thread running by then, and a child never touches it.
+A fork copies only the thread that calls it, and a lock another thread held at that moment
+stays held in the child. Without `--sandbox` the controller forks before it starts any
+thread of its own (the embedded agent and the lease renewal come after). With it, the
+sandbox's fake GitHub is already serving on its threads, but idle: nothing has called it
+yet (the children are what will), so none of them holds a lock then. The children inherit
+its listening socket, which closes with them; they die with the controller.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import subprocess
@@ -73,6 +80,7 @@ class ForkedChild:
         sys.stdout.flush()
         sys.stderr.flush()
         parent = os.getpid()
+        gc.freeze()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child's side ends in os._exit
             _child(run, parent, tuple(close_in_child))
@@ -80,7 +88,11 @@ class ForkedChild:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else: as subprocess.Popen says, 0
+                self.returncode = 0
+                return 0
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode

@@ -33,7 +33,7 @@ from django.utils import timezone
 from fleet.embedded import embedded_host_name, start_embedded_agent
 from zoomies_site import metrics
 from zoomies_site import sandbox as sandbox_mod
-from zoomies_site.core import controller_lock, dbhealth, registry, wakebus
+from zoomies_site.core import controller_lock, dbhealth, environment, registry, wakebus
 from zoomies_site.core.forked import ForkedChild, MetricsNotShared
 from zoomies_site.problems import config_findings
 from zoomies_site.recovery import recover_after_restart
@@ -116,7 +116,11 @@ class Command(BaseCommand):
             # the dead processes' files so counts start again from zero.
             metrics_dir = Path(settings.DATA_DIR) / "prometheus"
             metrics.clear_multiproc_dir(metrics_dir)
+            startup_dir = environment.read(metrics.MULTIPROC_ENV)
             os.environ.update({metrics.MULTIPROC_ENV: str(metrics_dir)})
+            # manage.py's directory for this process's counts until now: its open files stay
+            # valid unlinked, and a killed controller leaves no directory behind in /tmp.
+            metrics.remove_startup_dir(startup_dir)
 
             signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
             signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
@@ -186,25 +190,32 @@ class Command(BaseCommand):
         problems list say it too; the rest starts once the database answers. Returns that
         web server, if one was started."""
         web = None
-        while not self.stopping.is_set():
-            try:
-                self._database_steps(lock, takeover)
-            except DatabaseError as exc:
-                if dbhealth.read() is None:
-                    log.error("database degraded at startup: %s; trying again", exc)
-                    self.stderr.write(f"database degraded: {exc}; the controller waits for it")
-                dbhealth.mark_degraded(error=str(exc), now=timezone.now())
-                connection.close()  # the next try on a fresh connection, as the probe does
-            else:
-                if dbhealth.clear():
-                    log.warning("database writable again: the controller starts")
-                return web
-            if web is None:
-                web = start_web()
-                self._wait_ready(base_url, [web])
-            elif web.poll() is not None:
-                raise CommandError(f"{web.args[:4]} exited with {web.returncode}")
-            self.stopping.wait(STARTUP_RETRY_SECONDS)
+        try:
+            while not self.stopping.is_set():
+                try:
+                    self._database_steps(lock, takeover)
+                except DatabaseError as exc:
+                    if dbhealth.read() is None:
+                        log.error("database degraded at startup: %s; trying again", exc)
+                        self.stderr.write(f"database degraded: {exc}; the controller waits for it")
+                    dbhealth.mark_degraded(error=str(exc), now=timezone.now())
+                    connection.close()  # the next try on a fresh connection, as the probe does
+                else:
+                    if dbhealth.clear():
+                        log.warning("database writable again: the controller starts")
+                    return web
+                if web is None:
+                    web = start_web()
+                    self._wait_ready(base_url, [web])
+                elif web.poll() is not None:
+                    raise CommandError(f"{web.args[:4]} exited with {web.returncode}")
+                self.stopping.wait(STARTUP_RETRY_SECONDS)
+        except BaseException:
+            # A refusal or a failure here ends the start: the web server started for the
+            # outage is the caller's to stop only once returned, so it is stopped here.
+            if web is not None:
+                self._stop_child(web)
+            raise
         return web
 
     def _database_steps(self, lock: controller_lock.ControllerLock, takeover: bool) -> None:
