@@ -84,8 +84,12 @@ def _stat(pid_dir: Path) -> list[str] | None:
 
 
 def _cmdline(pid_dir: Path) -> str:
+    """The kernel's name for the process, then its command line: the controller's forked
+    children keep its command line and say what they are by name (zoomies-web, ...)."""
     try:
-        return (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        comm = (pid_dir / "comm").read_text().strip()
+        cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ")
+        return f"[{comm}] {cmdline.decode(errors='replace')}"
     except OSError:
         return ""
 
@@ -159,6 +163,10 @@ class CpuSampler:
 
 
 def _role(cmdline: str) -> str:
+    if cmdline.startswith("[zoomies-web]"):
+        return "web"
+    if cmdline.startswith("[zoomies-workers]"):
+        return "workers"
     if "daphne" in cmdline or "zoomies_site.server" in cmdline:
         return "web"
     if "qcluster" in cmdline:

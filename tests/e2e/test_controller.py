@@ -96,6 +96,9 @@ def test_the_web_server_and_the_workers_are_forked_and_keep_no_controller_lock(t
         for child in children:
             assert Path(f"/proc/{child}/cmdline").read_bytes() == cmdline  # a fork: no exec
             assert lock not in open_files(child)
+        # Named for ps and top, since the command line is the controller's.
+        names = {Path(f"/proc/{child}/comm").read_text().strip() for child in children}
+        assert names == {"zoomies-web", "zoomies-workers"}
         assert controller.reconcile_passes() >= 0  # /metrics answers from the forked web server
         controller.wait_reconcile_passes(1)  # and counts the forked workers' passes
     finally:

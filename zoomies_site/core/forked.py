@@ -17,8 +17,6 @@ What a fork carries over that an exec did not, and how each is handled:
 - Prometheus: the children count into files only if the controller was in multiprocess mode
   before its first metric existed (manage.py sees to that for `controller`); `fork` refuses
   otherwise rather than start children whose counts /metrics would never see;
-- the garbage collector: what exists at the fork is frozen first (gc.freeze), so neither
-  side's collections write to the pages they share;
 - atexit handlers and buffered output: the child flushes and leaves with `os._exit`.
 
 A fork copies only the thread that calls it, and a lock another thread held at that moment
@@ -32,7 +30,6 @@ its listening socket, which closes with them; they die with the controller.
 from __future__ import annotations
 
 import ctypes
-import gc
 import os
 import signal
 import subprocess
@@ -44,6 +41,7 @@ from collections.abc import Callable, Iterable
 from django.db import connections
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15  # the name ps, top and /proc/<pid>/comm show: 15 bytes at most
 WAIT_POLL = 0.05
 
 
@@ -57,6 +55,13 @@ def die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def set_process_name(name: str) -> None:
+    """A fork keeps its parent's command line, so `ps` and `top` would show every child as
+    `manage.py controller`; the kernel's name for it (inherited by its own forks, such as
+    django-q2's sentinel and workers) says which it is."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_NAME, name.encode()[:15])
+
+
 def metrics_shared() -> bool:
     from prometheus_client import values  # noqa: PLC0415  # read at call time, not import
 
@@ -65,9 +70,16 @@ def metrics_shared() -> bool:
 
 class ForkedChild:
     """A forked child running `run()`, with the part of `subprocess.Popen` the controller
-    uses: `args`, `pid`, `returncode`, `poll`, `wait`, `terminate`, `kill`."""
+    uses: `args`, `pid`, `returncode`, `poll`, `wait`, `terminate`, `kill`. `process_name`
+    is what the kernel calls the child (`set_process_name`)."""
 
-    def __init__(self, name: str, run: Callable[[], object], close_in_child: Iterable[int] = ()):
+    def __init__(
+        self,
+        name: str,
+        run: Callable[[], object],
+        close_in_child: Iterable[int] = (),
+        process_name: str = "",
+    ):
         if not metrics_shared():
             raise MetricsNotShared(
                 f"cannot fork the {name}: Prometheus is not in multiprocess mode in this "
@@ -80,10 +92,9 @@ class ForkedChild:
         sys.stdout.flush()
         sys.stderr.flush()
         parent = os.getpid()
-        gc.freeze()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child's side ends in os._exit
-            _child(run, parent, tuple(close_in_child))
+            _child(run, parent, tuple(close_in_child), process_name)
         self.pid = pid
 
     def poll(self) -> int | None:
@@ -117,9 +128,11 @@ class ForkedChild:
         self.send_signal(signal.SIGKILL)
 
 
-def _child(run: Callable[[], object], parent: int, close: tuple[int, ...]) -> None:
+def _child(run: Callable[[], object], parent: int, close: tuple[int, ...], name: str) -> None:
     code = 1
     try:
+        if name:
+            set_process_name(name)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
         die_with_parent()

@@ -285,7 +285,7 @@ class Command(BaseCommand):
             for process in multiprocessing.active_children():
                 process.join()
 
-        return self._fork("django-q2 cluster", cluster)
+        return self._fork("django-q2 cluster", cluster, "zoomies-workers")
 
     def _spawn_web(self, host: str, port: int, internal: int | None) -> ForkedChild:
         argv = ["--bind", f"{host}:{port}"]
@@ -297,13 +297,13 @@ class Command(BaseCommand):
 
             server.main(argv)
 
-        return self._fork("web server", serve)
+        return self._fork("web server", serve, "zoomies-web")
 
-    def _fork(self, name: str, run: Callable[[], object]) -> ForkedChild:
+    def _fork(self, name: str, run: Callable[[], object], process_name: str) -> ForkedChild:
         """Forked, not exec'd: the child starts with the project imported and Django set
         up (zoomies_site/core/forked.py); it must not keep the controller's file lock."""
         try:
-            return ForkedChild(name, run, close_in_child=[self.lock.fd])
+            return ForkedChild(name, run, close_in_child=[self.lock.fd], process_name=process_name)
         except MetricsNotShared as exc:
             raise CommandError(str(exc)) from exc
 
