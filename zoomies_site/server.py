@@ -1,7 +1,8 @@
 """The controller's web server: daphne serving `zoomies_site.asgi`, with HTTPS and bounds.
 
-`python -m zoomies_site.server --bind HOST:PORT [--internal-port N]` is what the controller
-command runs. It reads the registry for:
+`main(["--bind", "HOST:PORT", ...])` is what the controller's forked web server runs
+(zoomies_site/core/forked.py); `python -m zoomies_site.server --bind HOST:PORT
+[--internal-port N]` runs it alone. It reads the registry for:
 
 - `server.tls_cert` / `server.tls_key`: when both are set the bind speaks HTTPS from them
   (twisted's `ssl:` endpoint), and `--internal-port` adds a plain-HTTP listener on

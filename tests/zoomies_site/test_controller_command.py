@@ -210,3 +210,32 @@ def test_store_the_write_probe_says_degraded_while_a_ticker_round_waits_on_the_d
         let_go.set()
         loop.join(30)
     assert not loop.is_alive()
+
+
+def test_a_start_refused_during_an_outage_stops_the_web_server_it_started(
+    registry_defaults, monkeypatch
+):
+    """Issue 11 item 5: during a startup outage the web server runs so /healthz can say
+    degraded. If the start then ends (here the lease turns out to be held elsewhere), that
+    web server is stopped too, not left serving beside a controller that gave up."""
+    order: list[str] = []
+    web = Stoppable("web", order)
+    steps = iter([OperationalError("database is locked"), CommandError("held elsewhere")])
+
+    def database_steps(self, lock, takeover):
+        raise next(steps)
+
+    monkeypatch.setattr(command.Command, "_database_steps", database_steps)
+    monkeypatch.setattr(command.Command, "_wait_ready", lambda self, url, children: None)
+    monkeypatch.setattr(command, "STARTUP_RETRY_SECONDS", 0.01)
+    controller = command.Command()
+    controller.stopping = threading.Event()
+    try:
+        with pytest.raises(CommandError, match="held elsewhere"):
+            controller._open_database(
+                SimpleNamespace(leased=False), False, lambda: web, "http://127.0.0.1:1"
+            )
+    finally:
+        dbhealth.clear()
+    assert order == ["web"]
+    assert web.returncode == 0
