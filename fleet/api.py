@@ -275,41 +275,62 @@ def close_poll_connections(pool: ThreadPoolExecutor, threads: int = POLL_THREADS
         done.result(timeout=60)
 
 
+class DatabaseBusy(Exception):
+    """A poll thread's call found the database busy or its connection dropped (a restart):
+    the view answers 503 and the agent tries again, on a fresh connection."""
+
+
+def _poll_call(func: Callable) -> Callable:
+    """A long-poll database call on a poll thread: whatever breaks, the thread's connection
+    is closed so its next call starts afresh; a busy or dropped database (judged here, on
+    the thread that holds the connection) becomes DatabaseBusy."""
+
+    @wraps(func)
+    def call(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except (OperationalError, InterfaceError) as exc:
+            unavailable = database_unavailable(exc)
+            _release_connection()
+            if unavailable:
+                raise DatabaseBusy(str(exc)) from exc
+            raise  # a missing table or the like is a fault, not a reason to retry
+        except BaseException:
+            _release_connection()
+            raise
+
+    return call
+
+
+@_poll_call
 def _authenticate(token: str | None) -> tuple[int | None, float]:
     """The host of this token, and the default wait (the registry may read the database)."""
-    try:
-        host = host_for_agent_token(token, now=timezone.now())
-        default_wait = registry.get("agent.long_poll_wait").total_seconds()
-        return (host.pk if host else None), default_wait
-    except BaseException:
-        _release_connection()  # whatever broke, the thread's next call starts afresh
-        raise
+    host = host_for_agent_token(token, now=timezone.now())
+    default_wait = registry.get("agent.long_poll_wait").total_seconds()
+    return (host.pk if host else None), default_wait
 
 
+@_poll_call
 def _take(host_id: int, polled_at: datetime) -> list[dict]:
-    try:
-        now = timezone.now()
-        wires = []
-        for task in take_tasks(host_id, now, TASKS_PER_POLL, polled_at=polled_at):
-            try:
-                wires.append(task_wire(task))
-            except SealError as exc:
-                # Sealed under another key (a lost or rotated one): the agent could do
-                # nothing with it, so it ends here, failing a create's runner (RUN-14).
-                log.error("task %s cannot be delivered: %s", task.pk, exc)
-                actions.record_task_result(
-                    host=task.host,
-                    task_id=task.pk,
-                    ok=False,
-                    error=f"the controller cannot unseal the task's env: {exc}",
-                    attempt=task.attempt,
-                    now=now,
-                    actor="system:taskqueue",
-                )
-        return wires
-    except BaseException:
-        _release_connection()
-        raise
+    now = timezone.now()
+    wires = []
+    for task in take_tasks(host_id, now, TASKS_PER_POLL, polled_at=polled_at):
+        try:
+            wires.append(task_wire(task))
+        except SealError as exc:
+            # Sealed under another key (a lost or rotated one): the agent could do
+            # nothing with it, so it ends here, failing a create's runner (RUN-14).
+            log.error("task %s cannot be delivered: %s", task.pk, exc)
+            actions.record_task_result(
+                host=task.host,
+                task_id=task.pk,
+                ok=False,
+                error=f"the controller cannot unseal the task's env: {exc}",
+                attempt=task.attempt,
+                now=now,
+                actor="system:taskqueue",
+            )
+    return wires
 
 
 # Exempt so a POST gets the protocol's JSON 405 rather than the CSRF middleware's HTML 403
@@ -319,6 +340,14 @@ async def tasks(request: HttpRequest) -> JsonResponse:
     """`GET tasks?wait=N`: the host's tasks at once, or after a wake, or `[]` after N s."""
     if request.method != "GET":
         return error("use GET", 405, Allow="GET")
+    try:
+        return await _long_poll(request)
+    except DatabaseBusy as exc:
+        log.warning("agent %s: the database is unavailable: %s", request.path, exc)
+        return busy()
+
+
+async def _long_poll(request: HttpRequest) -> JsonResponse:
     host_id, default_wait = await _on_the_poll_threads(_authenticate)(bearer_token(request))
     if host_id is None:
         return unauthorized()
@@ -341,13 +370,10 @@ async def tasks(request: HttpRequest) -> JsonResponse:
 # -- runner logs (LOG-02) -----------------------------------------------------------------
 
 
+@_poll_call
 def _host_id(token: str | None) -> int | None:
-    try:
-        host = host_for_agent_token(token, now=timezone.now())
-        return host.pk if host else None
-    except BaseException:
-        _release_connection()
-        raise
+    host = host_for_agent_token(token, now=timezone.now())
+    return host.pk if host else None
 
 
 @csrf_exempt
@@ -357,7 +383,11 @@ async def log_chunk(request: HttpRequest, stream_id: str) -> JsonResponse:
     shared sync thread; the hub only appends, so it never waits on a viewer either."""
     if request.method != "POST":
         return error("use POST", 405, Allow="POST")
-    host_id = await _on_the_poll_threads(_host_id)(bearer_token(request))
+    try:
+        host_id = await _on_the_poll_threads(_host_id)(bearer_token(request))
+    except DatabaseBusy as exc:
+        log.warning("agent %s: the database is unavailable: %s", request.path, exc)
+        return busy()
     if host_id is None:
         return unauthorized()
     try:

@@ -384,9 +384,18 @@ def test_task13_the_long_poll_never_queues_on_the_shared_sync_thread(monkeypatch
 
 
 @pytest.mark.django_db(transaction=True)
-def test_task13_a_poll_threads_broken_connection_is_closed_not_reused(monkeypatch):
+@pytest.mark.parametrize(
+    ("fault", "status"),
+    [
+        (OperationalError("database is locked"), 503),  # busy, or dropped: the agent retries
+        (OperationalError("no such table: fleet_agenttask"), None),  # a fault stays a fault
+    ],
+    ids=["busy", "fault"],
+)
+def test_task13_a_poll_threads_failed_call_closes_its_connection(monkeypatch, fault, status):
     """A long-poll call that fails gives its thread's connection up, so the next call on that
-    thread opens a fresh one rather than reusing one a database restart may have broken."""
+    thread opens a fresh one rather than reusing one a database restart may have broken. A
+    busy or dropped database is a 503 with Retry-After (never a 500), as on the POST routes."""
     host, token = join("h1")
     calls = {"n": 0}
     real = api.take_tasks
@@ -394,7 +403,7 @@ def test_task13_a_poll_threads_broken_connection_is_closed_not_reused(monkeypatc
     def fail_once(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 1:
-            raise OperationalError("server closed the connection unexpectedly")
+            raise fault
         return real(*args, **kwargs)
 
     monkeypatch.setattr(api, "take_tasks", fail_once)
@@ -413,8 +422,13 @@ def test_task13_a_poll_threads_broken_connection_is_closed_not_reused(monkeypatc
         )
         return async_to_sync(api.tasks)(request)
 
-    with pytest.raises(OperationalError):
-        poll()
+    if status is None:
+        with pytest.raises(OperationalError, match="no such table"):
+            poll()
+    else:
+        answer = poll()
+        assert answer.status_code == status
+        assert answer["Retry-After"] == str(api.BUSY_RETRY_AFTER_SECONDS)
     assert len(closed) == 1 and closed[0].startswith(api.POLL_THREAD_PREFIX)
     assert json.loads(poll().content) == {"tasks": []}
     assert len(closed) == 1  # a call that succeeds keeps its connection

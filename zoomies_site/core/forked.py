@@ -93,7 +93,7 @@ class ForkedChild:
         sys.stderr.flush()
         parent = os.getpid()
         pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child's side ends in os._exit
+        if pid == 0:  # the child: _child ends in os._exit, it never returns here
             _child(run, parent, tuple(close_in_child), process_name)
         self.pid = pid
 
