@@ -74,7 +74,9 @@ def database_unavailable(exc: Exception) -> bool:
                if conn.connection is not None)  # fmt: skip
 
 
-def busy() -> JsonResponse:
+def busy(request: HttpRequest, exc: Exception) -> JsonResponse:
+    """The 503 for a busy or dropped database, logged once: the agent tries again."""
+    log.warning("agent %s: the database is unavailable: %s", request.path, exc)
     return error(
         "the database is busy; nothing was recorded, try again",
         503,
@@ -144,9 +146,8 @@ def agent_view(*, authenticated: bool = True) -> Callable:
             except (OperationalError, InterfaceError) as exc:
                 if not database_unavailable(exc):
                     raise  # a missing table or the like is a fault, not a reason to retry
-                log.warning("agent %s: the database is unavailable: %s", request.path, exc)
                 _release_connection()  # a pool thread's kept connection starts afresh
-                return busy()
+                return busy(request, exc)
 
         return wrapper
 
@@ -343,8 +344,7 @@ async def tasks(request: HttpRequest) -> JsonResponse:
     try:
         return await _long_poll(request)
     except DatabaseBusy as exc:
-        log.warning("agent %s: the database is unavailable: %s", request.path, exc)
-        return busy()
+        return busy(request, exc)
 
 
 async def _long_poll(request: HttpRequest) -> JsonResponse:
@@ -386,8 +386,7 @@ async def log_chunk(request: HttpRequest, stream_id: str) -> JsonResponse:
     try:
         host_id = await _on_the_poll_threads(_host_id)(bearer_token(request))
     except DatabaseBusy as exc:
-        log.warning("agent %s: the database is unavailable: %s", request.path, exc)
-        return busy()
+        return busy(request, exc)
     if host_id is None:
         return unauthorized()
     try:

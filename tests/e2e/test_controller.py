@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench._common import _stat
 from tests.e2e.harness import MANAGE, ROOT, Controller, free_port
 
 pytestmark = pytest.mark.e2e
@@ -52,16 +53,11 @@ def test_lease01_lease04_a_second_controller_on_the_same_database_is_refused(tmp
 
 
 def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "stat").read_text().rsplit(")", 1)[1].split()[
-                1
-            ] == str(pid):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    return [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and ((fields := _stat(entry)) and fields[1] == str(pid))
+    ]
 
 
 def open_files(pid: int) -> set[str]:

@@ -49,17 +49,21 @@ class MetricsNotShared(RuntimeError):
     """Prometheus was not in multiprocess mode when this process made its first metric."""
 
 
+def _prctl(option: int, value: object) -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value)
+
+
 def die_with_parent() -> None:
     """The kernel sends this process SIGTERM when its parent dies, however it dies (SIGKILL
     included), so no web server or worker outlives its controller."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def set_process_name(name: str) -> None:
     """A fork keeps its parent's command line, so `ps` and `top` would show every child as
     `manage.py controller`; the kernel's name for it (inherited by its own forks, such as
     django-q2's sentinel and workers) says which it is."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_NAME, name.encode()[:15])
+    _prctl(PR_SET_NAME, name.encode()[:15])
 
 
 def metrics_shared() -> bool:
