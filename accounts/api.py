@@ -17,6 +17,7 @@ from accounts.actors import actor_for
 from accounts.models import ApiToken, AuditLog, User
 from accounts.permissions import RoleAccess
 from accounts.roles import ALL_SCOPES, Level, role_level
+from zoomies_site.core.api_parsers import RejectUnknownFields
 
 
 class TokenSerializer(serializers.ModelSerializer):
@@ -33,7 +34,7 @@ class TokenSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class NewTokenSerializer(serializers.Serializer):
+class NewTokenSerializer(RejectUnknownFields, serializers.Serializer):
     """POST /api/v1/tokens: the token's name, scopes, lifetime and (for an admin) owner."""
 
     name = serializers.CharField(max_length=100)
@@ -130,6 +131,12 @@ class AuditFilters(serializers.Serializer):
     target_id = serializers.CharField(required=False)
     since = serializers.DateTimeField(required=False)
     until = serializers.DateTimeField(required=False)
+    who = serializers.ChoiceField(
+        choices=list(selectors.WHO.items()),
+        required=False,
+        default="all",
+        help_text="people, agents, controller or all (the default)",
+    )
 
 
 class AuditList(ListAPIView):
@@ -162,7 +169,7 @@ class UserSerializer(serializers.ModelSerializer):
         return bool(user.oidc_subject)
 
 
-class NewUserSerializer(serializers.Serializer):
+class NewUserSerializer(RejectUnknownFields, serializers.Serializer):
     """POST /api/v1/users: a local user; without a password it cannot sign in until one is set."""
 
     username = serializers.RegexField(r"^[\w.@+-]{1,150}$", max_length=150)
@@ -177,7 +184,7 @@ class NewUserSerializer(serializers.Serializer):
         return value
 
 
-class UserChangeSerializer(serializers.Serializer):
+class UserChangeSerializer(RejectUnknownFields, serializers.Serializer):
     """PATCH /api/v1/users/<id>: change the role, the e-mail, or (re)activate."""
 
     role = serializers.ChoiceField(choices=User.Role.choices, required=False)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from django.core.exceptions import RequestDataTooBig
-from rest_framework import authentication, exceptions, status
-from rest_framework.response import Response
+from rest_framework import authentication, exceptions
 
 from accounts.tokens import TOKEN_PREFIX, token_for_secret, touch
 
@@ -43,23 +41,3 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request) -> str:
         return self.keyword
-
-
-def api_exception_handler(exc, context):
-    """DRF's handler, plus: a body over DATA_UPLOAD_MAX_MEMORY_SIZE is a 413, not a traceback.
-
-    Django raises RequestDataTooBig when a view reads such a body; left to Django it is
-    answered with an HTML 400 and logged as an ERROR with its traceback, though the client,
-    not the server, is at fault.
-    """
-    # Imported here: rest_framework.views imports this module through the API settings.
-    from rest_framework.views import exception_handler  # noqa: PLC0415
-
-    if isinstance(exc, RequestDataTooBig):
-        request = context.get("request")
-        log.warning("%s: the request body is too large (%s)", getattr(request, "path", "?"), exc)
-        return Response(
-            {"detail": "the request body is too large"},
-            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
-        )
-    return exception_handler(exc, context)

@@ -15,13 +15,17 @@ from datetime import datetime
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.backends import ModelBackend
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
 from django.utils import timezone
 
+from accounts import audit
 from accounts.models import LoginFailure
 from accounts.roles import Level, role_level
 from zoomies_site.core import registry
 
 log = logging.getLogger("zoomies.accounts")
+# Who a failed sign-in was, as far as the audit log can know: nobody yet.
+ANONYMOUS = "anonymous"
 
 
 def client_ip(request) -> str:
@@ -48,10 +52,28 @@ def refusal(username: str | None, ip: str, now: datetime | None = None) -> str |
 
 
 def record_failure(username: str | None, ip: str, now: datetime | None = None) -> None:
+    """Count the failure, and audit it (issue 21 item 15): a failed sign-in, and the one that
+    puts the username or the address on hold, which is the row an operator looks for."""
     now = now or timezone.now()
-    LoginFailure.objects.create(at=now, username=_norm(username), ip=ip)
-    # Rows older than the window count for nothing: drop them while here.
-    LoginFailure.objects.filter(at__lte=now - registry.get("auth.login_window")).delete()
+    name = _norm(username)
+    with transaction.atomic():
+        LoginFailure.objects.create(at=now, username=name, ip=ip)
+        # Rows older than the window count for nothing: drop them while here.
+        LoginFailure.objects.filter(at__lte=now - registry.get("auth.login_window")).delete()
+        audit.record(
+            actor=ANONYMOUS,
+            action="auth.sign_in_failed",
+            detail={"username": name, "ip": ip},
+            at=now,
+        )
+        held = refusal(username, ip, now)
+        if held:
+            audit.record(
+                actor=ANONYMOUS,
+                action="auth.sign_in_held",
+                detail={"username": name, "ip": ip, "why": held},
+                at=now,
+            )
 
 
 def clear_failures(username: str | None) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from accounts.models import ApiToken, AuditLog, User
@@ -23,6 +23,18 @@ def access_token_for_user(user: User, token_id: int) -> ApiToken:
     return token
 
 
+# Who made an audit row, as the Audit page's "Who" filter groups them (issue 21 item 15):
+# people (users, their tokens, anonymous sign-in attempts), the hosts' agents, and the
+# controller's own loops, which write most rows and bury the rest.
+WHO = {
+    "people": "people and their tokens",
+    "agents": "the hosts' agents",
+    "controller": "the controller itself",
+    "all": "everyone",
+}
+_MACHINE_PREFIXES = ("system:", "agent:", "host:")
+
+
 def audit_rows(
     *,
     actor: str | None = None,
@@ -31,8 +43,16 @@ def audit_rows(
     target_id: str | None = None,
     since=None,
     until=None,
+    who: str = "all",
 ) -> QuerySet[AuditLog]:
     rows = AuditLog.objects.all()
+    if who == "people":
+        for prefix in _MACHINE_PREFIXES:
+            rows = rows.exclude(actor__startswith=prefix)
+    elif who == "agents":
+        rows = rows.filter(Q(actor__startswith="agent:") | Q(actor__startswith="host:"))
+    elif who == "controller":
+        rows = rows.filter(actor__startswith="system:")
     if actor:
         rows = rows.filter(actor__icontains=actor)
     if action:

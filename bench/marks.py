@@ -20,14 +20,17 @@ import threading
 import time
 from pathlib import Path
 
+from runners.github.fake.deliveries import send_loop
 from runners.github.fake.server import FakeGitHub
+from runners.github.fake.state import Observer
 from tests.e2e.harness import Controller
 
 
-class TimedFake(FakeGitHub):
+class TimedFake(FakeGitHub, Observer):
     """The fake GitHub, noting (time.time()) when each thing the benchmark measures happens.
 
-    The hooks wrap the fake's own handlers, which run under its lock; nothing else changes.
+    It is its own state's observer: the fake tells it of each moment as it happens, some
+    under its lock; nothing else changes.
     """
 
     def __init__(self, *args, **kwargs):
@@ -40,30 +43,23 @@ class TimedFake(FakeGitHub):
         self.delivered: dict[int, tuple[float, int | None]] = {}
         self.api_calls = 0
         self.api_seconds = 0.0
+        self.state.observer = self
 
-    def _generate_jitconfig(self, req):
-        response = super()._generate_jitconfig(req)
+    def jit_minted(self, runner):
         with self.marks_lock:
             self.mints.append(time.time())
-        return response
 
-    def _open_session(self, req):
-        response = super()._open_session(req)
-        if response.status == 201:
-            with self.marks_lock:
-                self.sessions.append(time.time())
-        return response
+    def session_opened(self, runner):
+        with self.marks_lock:
+            self.sessions.append(time.time())
 
-    def _start(self, job, runner):
-        super()._start(job, runner)
+    def job_started(self, job):
         self.started[job.id] = time.time()
 
-    def _finish(self, job, conclusion):
-        super()._finish(job, conclusion)
+    def job_finished(self, job):
         self.completed[job.id] = time.time()
 
-    def _record(self, item, status, error, **attempt):
-        super()._record(item, status, error, **attempt)
+    def delivery_recorded(self, item, status):
         if item.action == "queued":
             with self.marks_lock:
                 self.delivered.setdefault(item.job_id, (time.time(), status))
@@ -81,7 +77,7 @@ class TimedFake(FakeGitHub):
         """More delivery threads beside the fake's one (GitHub does not send one at a time);
         they share its outbox, so a job's deliveries may then arrive out of order."""
         for _ in range(count):
-            thread = threading.Thread(target=self._send_loop, daemon=True)
+            thread = threading.Thread(target=send_loop, args=(self.state,), daemon=True)
             self._threads.append(thread)
             thread.start()
 
@@ -101,7 +97,7 @@ class ProcessWatch:
     process backend at create, read before the runner's directory is cleaned away.
 
     The embedded agent's process backend keeps runners in `<data dir>/agent/work/runners/`
-    (fleet/embedded.py, fleet/agent/cli.py, fleet/agent/backends/process.py).
+    (zoomies_site/embedded_agent.py, fleet/agent/cli.py, fleet/agent/backends/process.py).
     """
 
     def __init__(self, data_dir: Path):

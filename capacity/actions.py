@@ -16,9 +16,11 @@ from django.db import transaction
 from django.db.models import F
 
 from accounts import audit
-from capacity import events, metrics
+from capacity import events, machines, metrics
 from capacity.models import Attempt, AttemptState, ExcessClock, Try, TryOutcome
 from capacity.planner import ClearExcessClock, Emit, Reading, SetExcessClock
+from fleet.models import Machine
+from fleet.states import MachineState
 
 log = logging.getLogger("zoomies.capacity")
 
@@ -274,3 +276,28 @@ def recover_stale(*, now: datetime, backoff: timedelta) -> list[int]:
         ):
             recovered.append(attempt_id)
     return recovered
+
+
+# -- rented machines: an operator's word ----------------------------------------------------
+
+
+class NotQuarantined(Exception):
+    """Only a quarantined machine is released: any other has a loop that still owns it."""
+
+
+def release_quarantined(machine_id: int, *, now: datetime, actor: str) -> Machine:
+    """Release a quarantined machine (MACH-08): its row goes to deleted and its resource is
+    left at the provider (issue 23 item 7). The API and the dashboard both call this.
+
+    The state is checked first to answer the API's 409 in words; `machines.release` moves
+    only a quarantined machine itself, so a deleting one is never recorded deleted without
+    the inspect that proves it gone (MACH-09).
+    """
+    machine = Machine.objects.get(pk=machine_id)
+    if machine.state != MachineState.QUARANTINED:
+        raise NotQuarantined(
+            f"machine {machine.name} is {machine.state}: only a quarantined machine is released"
+        )
+    machines.release(machine, now=now, actor=actor)
+    machine.refresh_from_db()
+    return machine

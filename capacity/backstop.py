@@ -43,7 +43,7 @@ from capacity.models import (
 )
 from capacity.planner import SCALE_DOWN, Reading
 from fleet.models import Host
-from zoomies_site.models import Lease
+from zoomies_site.core.models import Lease
 
 log = logging.getLogger("zoomies.capacity.backstop")
 

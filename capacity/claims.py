@@ -64,9 +64,14 @@ def render_body(attempt_body: str, event_id: str) -> bytes:
 
 
 def controller_url(config: CapacityConfig) -> str:
-    """ESC-09: the destination's own controller URL, else the controller's listening URL."""
+    """ESC-09: the destination's own controller URL, else the controller's public URL
+    (server.public_url), else its listening URL (a loopback one is a configuration
+    finding, config.no_public_url: no started machine can dial it)."""
     if config.controller_url:
         return config.controller_url
+    public: str = registry.get("server.public_url")
+    if public:
+        return public.rstrip("/")
     scheme = "https" if registry.get("server.tls_cert") else "http"
     return f"{scheme}://{registry.get('server.bind')}"
 

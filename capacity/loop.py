@@ -53,7 +53,10 @@ def step(
     *,
     dispatch: Callable[[int], object] | None = None,
     config: CapacityConfig | None = None,
+    run_backstop: bool = True,
 ) -> StepReport:
+    """One step. `run_backstop=False` stands the spawn backstop down (ESC-19): no provision is
+    timed out or torn down while another controller may be acting on the same ones."""
     config = config or load_config()
     dispatch = dispatch or enqueue_delivery
     report = StepReport()
@@ -62,7 +65,8 @@ def step(
         # The backstop first: a provision that timed out this pass arms its deferral, and
         # one that joined clears it, before the planner decides whether to ask for another
         # (ESC-22, ESC-23).
-        report.teardowns = backstop.run(now, config=config)
+        if run_backstop:
+            report.teardowns = backstop.run(now, config=config)
         snapshot = build(now, config)
         decided = plan(snapshot)
         report.plan = decided

@@ -1,7 +1,7 @@
 """Prometheus series of the capacity layer (ESC-30, ESC-31), after the peer's event scaler.
 
 Counters count what happened in this process; with several processes prometheus_client
-aggregates them through PROMETHEUS_MULTIPROC_DIR (zoomies_site/metrics.py sets it), and the
+aggregates them through PROMETHEUS_MULTIPROC_DIR (zoomies_site/core/metrics.py sets it), and the
 gauges say how they combine there.
 """
 
@@ -66,7 +66,7 @@ REAP_UNSEEN = Gauge(
 )
 REAP_BLOCKED = Gauge(
     "zoomies_capacity_reap_blocked",
-    "1 while the backstop stands down because this controller does not hold the lease.",
+    "1 while the backstop stands down: another holds the capacity lease or took the controller's.",
     multiprocess_mode="livemax",
 )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,17 +27,18 @@ from fleet.errors import (
     TaskNotInFlight,
     TokenNotRenewable,
 )
+from fleet.host_checks import HOST_CHECK_COOLDOWN, HostCheckRefused, note_host_check
+from fleet.memory import memory_plan_for
 from fleet.models import AgentTask, Host, JoinToken
-from fleet.selectors import AGENT_TOKEN_PREFIX, JOIN_TOKEN_PREFIX, expected_runners, hash_secret
-from fleet.states import HostHealth, TaskKind, TaskState
-from fleet.taskqueue import cancel_tasks, settle_in_flight
+from fleet.protocol import MemoryRules
+from fleet.runner_side import runner_side
+from fleet.selectors import AGENT_TOKEN_PREFIX, JOIN_TOKEN_PREFIX, hash_secret
+from fleet.states import OPEN_TASK_STATES, HostHealth, TaskKind, TaskState
+from fleet.taskqueue import cancel_tasks, enqueue_task, settle_in_flight
+from fleet.throttle import cpu_factor
 from fleet.transitions import transition_host_health, transition_task
-from runners.actions import settle_abandoned_tasks
-from runners.actions import steps as runner_steps
-from runners.models import Runner
-from runners.states import LIVE_STATES, RunnerState
 from zoomies_site.core import registry
-from zoomies_site.events import emit
+from zoomies_site.core.events import emit
 
 log = logging.getLogger("zoomies.fleet")
 
@@ -305,7 +307,7 @@ def _drop_runners(host: Host, *, now: datetime, actor: str) -> list[str]:
         actor=actor,
         reason="the host joined again",
     )
-    return runner_steps.fail_live_runners(
+    return runner_side().fail_live_runners(
         host, now=now, actor=actor, message=REJOIN_MESSAGE, job_failure=REJOIN_JOB_FAILURE
     )
 
@@ -327,15 +329,35 @@ def agent_tunables() -> protocol.AgentTunables:
         missing_grace=seconds("agent.missing_grace"),
         shutdown_grace=seconds("agent.shutdown_grace"),
         finished_retention=seconds("agent.finished_retention"),
+        bootstrap_cpu_grace=seconds("agent.bootstrap_cpu_grace"),
     )
 
 
 def heartbeat_answer(host: Host) -> dict:
-    return heartbeat_answer_for(host.cordoned)
+    return heartbeat_answer_for(host, (host.cordoned, host.throttle_level))
 
 
-def heartbeat_answer_for(cordoned: bool) -> dict:
-    return protocol.HeartbeatAnswer(cordoned=cordoned, tunables=agent_tunables()).to_json()
+def heartbeat_answer_for(host: Host, standing: tuple[bool, int]) -> dict:
+    """The answer for a host's (cordoned, throttle level): HOST-20, the CPU factor its
+    agent applies to every runner, and HOST-24, the memory valve's rules, ride on each."""
+    cordoned, level = standing
+    return protocol.HeartbeatAnswer(
+        cordoned=cordoned,
+        tunables=agent_tunables(),
+        cpu_factor=cpu_factor(level),
+        memory=memory_rules_for(host),
+    ).to_json()
+
+
+def memory_rules_for(host: Host) -> MemoryRules | None:
+    """None with agent.memory_valve off, or for a host with no runner a limit binds."""
+    mode = registry.get("agent.memory_valve")
+    if mode == "off":
+        return None
+    plan = memory_plan_for(host, only_if_lending=True)
+    if plan is None or not plan.rules.runners:
+        return None
+    return replace(plan.rules, observe=mode == "observe")
 
 
 # A heartbeat that reports nothing new this soon after the recorded one writes nothing (not
@@ -352,10 +374,10 @@ def heartbeat_coalesce_window() -> timedelta:
     return max(min(interval, slack), timedelta(0)) * HEARTBEAT_COALESCE_FRACTION
 
 
-def _coalesced_cordon(host: Host, now: datetime) -> bool | None:
+def _coalesced_cordon(host: Host, now: datetime) -> tuple[bool, int] | None:
     """If a heartbeat at `now` from this host need not be written (it is healthy and its
-    recorded mark is fresh), whether it is cordoned; else None. Confirmed by a read (no
-    write lock), as `host` may be stale."""
+    recorded mark is fresh), whether it is cordoned and its throttle level; else None.
+    Confirmed by a read (no write lock), as `host` may be stale."""
     last = host.last_heartbeat_at
     if last is None or last > now:
         return None
@@ -369,7 +391,7 @@ def _coalesced_cordon(host: Host, now: datetime) -> bool | None:
             last_heartbeat_at__gt=now - window,
             last_heartbeat_at__lte=now,
         )
-        .values_list("cordoned", flat=True)
+        .values_list("cordoned", "throttle_level")
         .first()
     )
 
@@ -381,10 +403,36 @@ def _fact_changes(current: Host, facts: dict) -> dict:
     return fields
 
 
+MEMORY_REPORT_KEYS = {"memory_loans", "memory_blocked", "memory_would_lend"}
+
+
 def record_heartbeat(
     *, host: Host, facts: protocol.HeartbeatRequest | Mapping[str, Any], now: datetime
 ) -> dict:
     """Record a heartbeat and what it reports; answer the interval to sleep (HOST-01).
+
+    The memory valve's record (HOST-29, HOST-32) goes first, so the rules in this answer
+    already count the loans it reports: the agent lends anew from them.
+    """
+    if isinstance(facts, Mapping) and MEMORY_REPORT_KEYS & set(facts):
+        try:
+            facts = protocol.HeartbeatRequest.from_json(facts)
+        except protocol.ProtocolError as exc:
+            raise InvalidRequest(str(exc)) from None
+    if isinstance(facts, protocol.HeartbeatRequest) and (
+        facts.memory_loans or facts.memory_blocked or facts.memory_would_lend
+    ):
+        side = runner_side()
+        side.record_memory_loans(host, facts.memory_loans or {})
+        side.record_memory_loans(host, facts.memory_would_lend or {}, observed=True)
+        side.record_memory_blocked(host, facts.memory_blocked or {}, now=now)
+    return _record_heartbeat(host=host, facts=facts, now=now)
+
+
+def _record_heartbeat(
+    *, host: Host, facts: protocol.HeartbeatRequest | Mapping[str, Any], now: datetime
+) -> dict:
+    """The heartbeat itself, as record_heartbeat says.
 
     A host that was unhealthy or lost is healthy again. Only what changed is written, and a
     heartbeat that changes nothing soon after the last one writes nothing (see
@@ -407,9 +455,9 @@ def record_heartbeat(
             # Guarded on the health: if housekeeping judged the host since the read, the
             # full path below makes it healthy again with its transition row.
             if Host.objects.filter(pk=host.pk, health=HostHealth.HEALTHY).update(**fields):
-                cordoned = Host.objects.values_list("cordoned", flat=True).get(pk=host.pk)
+                cordoned = Host.objects.values_list("cordoned", "throttle_level").get(pk=host.pk)
         if cordoned is not None:
-            return heartbeat_answer_for(cordoned)
+            return heartbeat_answer_for(host, cordoned)
     with transaction.atomic(durable=True):
         current = Host.objects.select_for_update().get(pk=host.pk)
         fields = {"last_heartbeat_at": now, **_fact_changes(current, cleaned)}
@@ -427,7 +475,7 @@ def record_heartbeat(
             )
             if current.health == HostHealth.LOST:
                 # Issue 11 item 4: back from lost, its busy workloads are not killed.
-                runner_steps.spare_busy_workloads(current, now=now, actor=current.actor)
+                runner_side().host_back_from_lost(current, now=now, actor=current.actor)
         current.refresh_from_db()
     return heartbeat_answer(current)
 
@@ -452,19 +500,13 @@ def drain_host(*, host: Host, now: datetime, actor: str) -> list[str]:
 
     Returns the names of the runners this call moved to draining.
     """
-    drained = []
     with transaction.atomic(durable=True):
         if Host.objects.filter(pk=host.pk, cordoned=False).update(cordoned=True):
             emit("host.cordoned", host, at=now)
         audit.record(actor=actor, action="host.drain", target=host, at=now)
-        live = Runner.objects.filter(host=host, state__in=list(LIVE_STATES)).exclude(
-            state=RunnerState.DRAINING
+        return runner_side().drain_host_runners(
+            host, now=now, actor=actor, reason="its host is drained"
         )
-        for runner in live:
-            result = runner_steps.drain(runner, now=now, actor=actor, reason="its host is drained")
-            if result.changed:
-                drained.append(runner.name)
-    return drained
 
 
 # -- task results -------------------------------------------------------------------------
@@ -479,6 +521,7 @@ def record_task_result(
     attempt: int | None,
     now: datetime,
     actor: str | None = None,
+    report: Mapping[str, Any] | None = None,
 ) -> AgentTask:
     """Close an in-flight task with the agent's answer (or the controller's, `actor`, for a
     task it could not deliver), and let the runners side act on a failure, in one
@@ -515,8 +558,39 @@ def record_task_result(
                 f"task {task_id} is in flight as attempt {task.attempt}, not {attempt}"
             )
         if not ok:
-            runner_steps.runner_task_failed(task, error=error, now=now, actor=actor)
+            runner_side().task_failed(task, error=error, now=now, actor=actor)
+        if task.kind == TaskKind.CHECK_HOST:
+            found = dict(report or {})
+            clock = found.get("clock")
+            if isinstance(clock, int | float) and not isinstance(clock, bool):
+                found["clock_skew_s"] = round(clock - now.timestamp(), 1)  # + is ahead
+            note_host_check(host.pk, task, state="done" if ok else "failed", now=now,
+                            report=found, error=error)  # fmt: skip
         task.refresh_from_db()
+    return task
+
+
+# -- host checks (TASK-09..11) ---------------------------------------------------------------
+
+
+def request_host_check(host: Host, *, now: datetime, actor: str) -> AgentTask:
+    """Queue a check of `host` for its agent (TASK-09); HostCheckRefused while one is under
+    way or within the cooldown after the last one ended (TASK-11)."""
+    with transaction.atomic(durable=True):
+        Host.objects.select_for_update().filter(pk=host.pk).first()
+        last = AgentTask.objects.filter(host=host, kind=TaskKind.CHECK_HOST).order_by("-pk").first()
+        if last is not None and last.state in OPEN_TASK_STATES:
+            raise HostCheckRefused(f"a check of {host.name} is already under way")
+        if last is not None and last.finished_at and now - last.finished_at < HOST_CHECK_COOLDOWN:
+            wait = HOST_CHECK_COOLDOWN - (now - last.finished_at)
+            raise HostCheckRefused(
+                f"{host.name} was checked moments ago: ask again in {wait.total_seconds():.0f} s"
+            )
+        task = enqueue_task(
+            host_id=host.pk, runner_id=None, kind=TaskKind.CHECK_HOST, payload={}, now=now
+        )
+        note_host_check(host.pk, task, state="pending", now=now)
+        audit.record(actor=actor, action="host.check", target=host, at=now)
     return task
 
 
@@ -532,13 +606,18 @@ def record_inventory(
     The agent sends it before its first task poll, so every task in flight to the host was
     taken by its dead predecessor: each is settled now (`taskqueue.settle_in_flight`), not
     when its lease ends, 20 minutes on for a create. A create whose runner ended meanwhile is
-    cancelled. The answer (`selectors.expected_runners`) lets the agent report what is
+    cancelled. The answer (the runner side's `expected_runners`) lets the agent report what is
     missing: a runner whose workload is not on the host is failed by the agent's own missing
     report (RUN-15, AGENT-17) as soon as the workload is a minute old, so a provisioning
     runner whose create was answered but never came up does not wait out the provision
     timeout.
     """
     actor = agent_actor(host)
+    if Host.objects.filter(pk=host.pk).exclude(health=HostHealth.HEALTHY).exists():
+        # The inventory comes before the agent's first heartbeat, and it is as good a sign
+        # of life: a host judged lost is back before its adopted runners are looked at, or
+        # the next health tick would fail again the runners revived below (issue 21 item 20).
+        record_heartbeat(host=host, facts={}, now=now)
     with transaction.atomic(durable=True):
         # Polls this host's dead agent left open may still be waiting in a web process: from
         # now they take nothing (`taskqueue.take_tasks`), or a task settled here would go to
@@ -546,7 +625,7 @@ def record_inventory(
         Host.objects.filter(pk=host.pk).update(agent_started_at=now)
         ended = AgentTask.objects.filter(
             host=host, kind=TaskKind.CREATE_RUNNER, state=TaskState.IN_FLIGHT, taken_at__lt=now
-        ).exclude(runner__state__in=list(LIVE_STATES))
+        ).exclude(runner__state__in=list(runner_side().LIVE_STATES))
         cancelled = cancel_tasks(
             ended, now=now, actor=actor, reason="its runner ended while its agent was down"
         )
@@ -558,6 +637,11 @@ def record_inventory(
             actor=actor,
         )
         settled = len(cancelled) + len(result.lines)
+        # Issue 21 item 20: an adopted workload of a runner failed because this host was
+        # lost ran on; its row and its job are put back to the truth.
+        revived = runner_side().adopted_after_loss(
+            host, runner_ids=inventory.runners, now=now, actor=actor
+        )
         audit.record(
             actor=actor,
             action="host.inventory",
@@ -566,12 +650,14 @@ def record_inventory(
                 "runners": len(inventory.runners),
                 "complete": inventory.complete,
                 "settled": settled,
+                "revived": len(revived),
             },
             at=now,
         )
     # Outside: each abandoned stop fails its runner in a transaction of its own (TASK-05).
     # An abandoned create's runner is in the answer instead: the agent reports it missing.
-    settle_abandoned_tasks(
+    runner_side().tasks_abandoned(
         [t for t in result.abandoned if t.kind != TaskKind.CREATE_RUNNER], now=now
     )
-    return protocol.InventoryAnswer(settled=settled, runners=tuple(expected_runners(host, now)))
+    expected = runner_side().expected_runners(host, now)
+    return protocol.InventoryAnswer(settled=settled, runners=tuple(expected))

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from fleet import actions
 from fleet.models import AgentTask, Host, JoinToken, Machine
-from zoomies_site.events import AdminEvents
+from zoomies_site.core.events import AdminEvents
 
 
 @admin.register(Host)

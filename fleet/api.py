@@ -30,13 +30,13 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from accounts.sealing import SealError
 from fleet import actions, logs, protocol, wakeups
 from fleet.models import AgentTask, Host
-from fleet.selectors import host_for_agent_token
+from fleet.runner_side import runner_side
+from fleet.selectors import host_cordoned, host_for_agent_token
 from fleet.taskqueue import take_tasks, wire_payload
-from runners.actions import apply_agent_reports
 from zoomies_site.core import registry
+from zoomies_site.core.sealing import SealError
 
 log = logging.getLogger("zoomies.fleet")
 
@@ -117,7 +117,7 @@ def read_json(request: HttpRequest) -> dict:
 def agent_view(*, authenticated: bool = True) -> Callable:
     """A synchronous POST route: JSON errors, the body cap, and the agent's host when asked.
 
-    The view reads the body into its protocol shape (fleet/protocol.py); a body that is not
+    The view reads the body into its protocol shape (fleet/protocol/); a body that is not
     that shape is a 400 naming the field (`{"error": ..., "field": "reports[2].runner_id"}`).
     """
 
@@ -210,6 +210,7 @@ def task_result(request: HttpRequest, data: dict, task_id: int, *, host: Host) -
         error=body.error,
         attempt=body.attempt,
         now=timezone.now(),
+        report=body.report,
     )
     return JsonResponse(protocol.TaskResultAnswer(accepted=True).to_json())
 
@@ -217,8 +218,8 @@ def task_result(request: HttpRequest, data: dict, task_id: int, *, host: Host) -
 @agent_view()
 def reports(request: HttpRequest, data: dict, *, host: Host) -> JsonResponse:
     body = protocol.ReportsRequest.from_json(data)
-    accepted, refused = apply_agent_reports(
-        host=host, reports=[r.to_json() for r in body.reports], now=timezone.now()
+    accepted, refused = runner_side().apply_reports(
+        host=host, reports=body.reports, now=timezone.now()
     )
     return JsonResponse(
         protocol.ReportsAnswer(accepted=tuple(accepted), refused=tuple(refused)).to_json()
@@ -312,9 +313,10 @@ def _authenticate(token: str | None) -> tuple[int | None, float]:
 
 
 @_poll_call
-def _take(host_id: int, polled_at: datetime) -> list[dict]:
+def _take(host_id: int, polled_at: datetime) -> tuple[list[dict], bool | None]:
+    """The tasks taken, and the host's cordon read after taking them (None with none)."""
     now = timezone.now()
-    wires = []
+    wires: list[dict] = []
     for task in take_tasks(host_id, now, TASKS_PER_POLL, polled_at=polled_at):
         try:
             wires.append(task_wire(task))
@@ -331,7 +333,9 @@ def _take(host_id: int, polled_at: datetime) -> list[dict]:
                 now=now,
                 actor="system:taskqueue",
             )
-    return wires
+    if not wires:
+        return wires, None
+    return wires, host_cordoned(host_id)
 
 
 # Exempt so a POST gets the protocol's JSON 405 rather than the CSRF middleware's HTML 403
@@ -358,10 +362,11 @@ async def _long_poll(request: HttpRequest) -> JsonResponse:
     deadline = time.monotonic() + wait
     polled_at = timezone.now()
     while True:
-        taken = await _on_the_poll_threads(_take)(host_id, polled_at)
+        taken, cordoned = await _on_the_poll_threads(_take)(host_id, polled_at)
         remaining = deadline - time.monotonic()
         if taken or remaining <= 0:
-            return JsonResponse({"tasks": taken})  # each one a protocol.Task
+            # Each one a protocol.Task; the cordon rides along (protocol.TaskList).
+            return JsonResponse(protocol.TaskList(cordoned=cordoned).to_json() | {"tasks": taken})
         # A wake is only a hint (another poll may take the task first, or a create may turn
         # out to be cancelled), so the loop takes again and waits out the rest if need be.
         await wakeups.wait_for_work(host_id, remaining)

@@ -19,16 +19,15 @@ from datetime import datetime, timedelta
 from django.db import transaction
 
 from fleet.models import Host
+from fleet.runner_side import runner_side
 from fleet.states import HostHealth
 from fleet.transitions import transition_host_health
-from runners.actions import steps as runner_steps
 from zoomies_site.core import registry
 from zoomies_site.core.registry import format_duration
 
 log = logging.getLogger("zoomies.fleet")
 
 ACTOR = "system:housekeeping"
-LOST_JOB_FAILURE = "its runner's host was lost"
 
 
 def silent_since(host: Host) -> datetime | None:
@@ -90,12 +89,8 @@ def judge_host(
             # Made or confirmed lost by this transaction, so no heartbeat can be in between.
             # Runs on every tick, not only on the move: a runner recorded on a lost host
             # after the move (or one whose failure lost a race) is still failed.
-            reasons += runner_steps.fail_live_runners(
-                host,
-                now=now,
-                actor=ACTOR,
-                message=f"host {host.name} lost: no heartbeat for {format_duration(lost_after)}",
-                job_failure=LOST_JOB_FAILURE,
+            reasons += runner_side().host_lost(
+                host, now=now, actor=ACTOR, why=f"no heartbeat for {format_duration(lost_after)}"
             )
     for reason in reasons:
         log.warning("%s", reason)

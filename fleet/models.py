@@ -26,6 +26,13 @@ class Host(models.Model):
     disk_free_mb = models.IntegerField(null=True, blank=True)
     usage = models.JSONField(default=dict, blank=True)
     usage_at = models.DateTimeField(null=True, blank=True)
+    # TASK-09..11: where the latest host check stands (fleet.host_checks.note_host_check).
+    last_check = models.JSONField(default=dict, blank=True)
+    # HOST-14..19: written only by fleet.throttling.throttle_step, from the samples above.
+    throttle_level = models.PositiveSmallIntegerField(default=0)
+    throttle_changed_at = models.DateTimeField(null=True, blank=True)
+    throttle_calm_since = models.DateTimeField(null=True, blank=True)
+    throttle_reason = models.CharField(max_length=300, blank=True)
     version = models.CharField(max_length=64, blank=True)
     agent_token_hash = models.CharField(max_length=64, blank=True, db_index=True)
     agent_token_prefix = models.CharField(max_length=16, blank=True)
@@ -121,6 +128,15 @@ class Machine(models.Model):
     message = models.TextField(blank=True)
     created_at = models.DateTimeField()
     state_changed_at = models.DateTimeField()
+    # The pool whose demand planned it (its id; pools are the runners app's), for the limits.
+    pool_id = models.BigIntegerField(null=True, blank=True)
+    # When the create call was first issued (None: never, so planned->failed is safe), and
+    # when a delete was last asked for: the loop's clocks for its timeouts.
+    create_issued_at = models.DateTimeField(null=True, blank=True)
+    delete_issued_at = models.DateTimeField(null=True, blank=True)
+    delete_asked_at = models.DateTimeField(null=True, blank=True)  # the latest ask
+    # SHA-256 of the single-use claim code the machine's agent joins with (never the code).
+    claim_hash = models.CharField(max_length=64, blank=True)
 
     class Meta:
         constraints = [
@@ -131,3 +147,55 @@ class Machine(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class MachineProvider(models.Model):
+    """A provider an operator configured (MACH-15): only these are ever asked for machines,
+    and only within their limits. `kind` picks the implementation (fleet.providers);
+    `config` is its settings (secrets sealed by the provider's own code)."""
+
+    name = models.CharField(max_length=64, unique=True)
+    kind = models.CharField(max_length=32)
+    config = models.JSONField(default=dict, blank=True)
+    enabled = models.BooleanField(default=True)
+    # The pools (by name) whose demand this provider may answer with machines.
+    pools = models.JSONField(default=list, blank=True)
+    max_machines = models.PositiveIntegerField(default=2)
+    max_per_pool = models.PositiveIntegerField(default=2)
+    # Runner slots each machine offers; the planner divides demand by it.
+    slots_per_machine = models.PositiveIntegerField(default=2)
+    created_at = models.DateTimeField()
+    # The machine loop's last word on reaching it (issue 23 item 7): since when it has been
+    # unreachable and why, both cleared once it answers again; empty while it is up.
+    down_since = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ProviderSetup(models.Model):
+    """A Proxmox connection being onboarded (MACH-20, the spec's provider_setups): what the
+    hypervisor's enrollment sent, staged here until the provider is saved (which deletes
+    it, MACH-23) or it expires (fleet.provider_setups purges it). Only the capability's hash
+    is kept, and the token secret only sealed; the browser sees name, endpoint, readiness."""
+
+    name = models.CharField(max_length=64, help_text="the provider's name, chosen at the start")
+    capability_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField()
+    created_by = models.CharField(max_length=200, blank=True)
+    expires_at = models.DateTimeField(db_index=True)
+    # Filled in by the enrollment, once: where the cluster answers and how to trust it.
+    endpoint = models.CharField(max_length=300, blank=True)
+    ca_pem = models.TextField(blank=True)
+    fingerprint = models.CharField(max_length=95, blank=True)
+    token_id = models.CharField(max_length=200, blank=True, help_text="USER@REALM!TOKENID")
+    token_sealed = models.TextField(blank=True)
+    enrolled_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"setup of {self.name}"
+
+    @property
+    def ready(self) -> bool:
+        return self.enrolled_at is not None

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db.models import Count, Q
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
@@ -18,30 +19,53 @@ from rest_framework.views import APIView
 from accounts.actors import actor_for
 from accounts.permissions import HasFleetScope
 from fleet import actions
+from fleet.host_checks import HostCheckRefused
 from fleet.models import Host, JoinToken
-from runners.states import LIVE_STATES
-from zoomies_site.api_common import NamePages, Pages
+from fleet.runner_side import runner_side
+from fleet.throttling import capacity_of, hold_of
+from zoomies_site.core.api_common import Conflict, DetailSerializer, NamePages, Pages
 
 
 class HostSerializer(serializers.ModelSerializer):
     """A host's GET shape; `runners` is counted from rows, never stored (SCHED-09)."""
 
     runners = serializers.IntegerField(source="live_runners", read_only=True)
+    lent_memory_mb = serializers.IntegerField(
+        source="lent_memory", read_only=True,
+        help_text="What its agent's memory valve has lent its live runners (HOST-29)",
+    )  # fmt: skip
+    effective_capacity = serializers.SerializerMethodField(
+        help_text="The slots its throttle leaves (HOST-14)"
+    )
+    pressure_hold = serializers.SerializerMethodField(
+        help_text="Why a fresh sample holds new starts here, or empty (HOST-13)"
+    )
 
     class Meta:
         model = Host
         fields = [
             "id", "name", "health", "cordoned", "capacity", "runners", "backends",
             "platform", "labels", "cpus", "memory_mb", "disk_total_mb", "disk_free_mb",
-            "version", "embedded", "joined_at", "last_heartbeat_at",
+            "version", "embedded", "joined_at", "last_heartbeat_at", "usage", "usage_at",
+            "throttle_level", "throttle_reason", "effective_capacity", "pressure_hold",
+            "last_check", "lent_memory_mb",
         ]  # fmt: skip
         read_only_fields = fields
 
+    def get_effective_capacity(self, host: Host) -> int:
+        return capacity_of(host)
+
+    def get_pressure_hold(self, host: Host) -> str:
+        return hold_of(host, timezone.now())
+
 
 def host_queryset():
-    """Hosts with their live runners counted in the same query, not one query per host."""
+    """Hosts with their live runners counted, and their loans summed, in the same query,
+    not one query per host."""
+    live = Q(runners__state__in=list(runner_side().LIVE_STATES))
     return Host.objects.annotate(
-        live_runners=Count("runners", filter=Q(runners__state__in=list(LIVE_STATES)))
+        live_runners=Count("runners", filter=live),
+        lent_memory=Coalesce(Sum("runners__lent_memory_mb", filter=live), 0),
     )
 
 
@@ -93,6 +117,29 @@ class HostCordon(_HostVerb):
         return {"drained": []}
 
 
+class CheckAnswer(serializers.Serializer):
+    host = HostSerializer()
+    task = serializers.IntegerField(help_text="the check's task; its outcome is last_check")
+
+
+class HostCheck(APIView):
+    """POST /api/v1/hosts/<id>/check: ask the host's agent to look at itself (engines,
+    disk, clock); 202, and the answer lands in the host's `last_check`. 409 while a check
+    is under way or within 15 s of the last (TASK-11)."""
+
+    permission_classes = [HasFleetScope]
+
+    @extend_schema(request=None, responses={202: CheckAnswer, 409: DetailSerializer})
+    def post(self, request, pk: int):
+        host = get_object_or_404(Host, pk=pk)
+        try:
+            task = actions.request_host_check(host, now=timezone.now(), actor=actor_for(request))
+        except HostCheckRefused as exc:
+            raise Conflict(str(exc)) from None
+        data = {"host": HostSerializer(host_queryset().get(pk=pk)).data, "task": task.pk}
+        return Response(data, status=status.HTTP_202_ACCEPTED)
+
+
 class HostUncordon(_HostVerb):
     """POST /api/v1/hosts/<id>/uncordon."""
 
@@ -122,7 +169,9 @@ class HostDrain(_HostVerb):
 class JoinTokenSerializer(serializers.ModelSerializer):
     """A join token as listed: its prefix, never its secret."""
 
-    host = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    host: serializers.SlugRelatedField[Host] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = JoinToken

@@ -5,13 +5,11 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime
 
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
-from fleet import protocol
 from fleet.models import AgentTask, Host
-from fleet.states import OPEN_TASK_STATES, HostHealth, TaskKind, TaskState
-from runners.models import Runner
-from runners.states import LIVE_STATES
+from fleet.runner_side import runner_side
+from fleet.states import HostHealth, TaskState
 
 AGENT_TOKEN_PREFIX = "zat_"  # noqa: S105  # a name or prefix, not a secret
 JOIN_TOKEN_PREFIX = "zjt_"  # noqa: S105  # a name or prefix, not a secret
@@ -41,7 +39,7 @@ def host_for_agent_token(token: str | None, *, now: datetime) -> Host | None:
 def hosts_with_live_runner_counts() -> QuerySet[Host]:
     """Every host with `live_runners`: runners on it in a state other than removed or failed."""
     return Host.objects.annotate(
-        live_runners=Count("runners", filter=Q(runners__state__in=list(LIVE_STATES)))
+        live_runners=Count("runners", filter=Q(runners__state__in=list(runner_side().LIVE_STATES)))
     ).order_by("name")
 
 
@@ -61,35 +59,17 @@ def open_tasks_for_host(host: Host) -> QuerySet[AgentTask]:
     ).order_by("created_at", "pk")
 
 
-def expected_runners(host: Host, now: datetime) -> list[protocol.ExpectedRunner]:
-    """The inventory's answer: every live runner recorded on `host` that no open create will
-    start, so its workload should be there. Each one's age counts from the latest moment its
-    workload can have been made: its create's answer, else its last delivery, else the row's
-    birth."""
-    open_create = AgentTask.objects.filter(
-        runner_id=OuterRef("pk"), kind=TaskKind.CREATE_RUNNER, state__in=OPEN_TASK_STATES
-    )
-    runners = list(
-        Runner.objects.filter(host=host, state__in=list(LIVE_STATES))
-        .exclude(Exists(open_create))
-        .values("pk", "state", "created_at", "pool__backend")
-        .order_by("pk")
-    )
-    made = {r["pk"]: r["created_at"] for r in runners}
-    creates = AgentTask.objects.filter(
-        runner_id__in=list(made), kind=TaskKind.CREATE_RUNNER
-    ).values_list("runner_id", "state", "taken_at", "finished_at")
-    for runner_id, state, taken_at, finished_at in creates:
-        # Only a done create's end is an answer; any other ended when the controller said.
-        answered = finished_at if state == TaskState.DONE else None
-        moments = [m for m in (taken_at, answered) if m is not None]
-        made[runner_id] = max([made[runner_id], *moments])
-    return [
-        protocol.ExpectedRunner(
-            runner_id=r["pk"],
-            backend=r["pool__backend"],
-            state=r["state"],
-            age=max((now - made[r["pk"]]).total_seconds(), 0.0),
-        )
-        for r in runners
-    ]
+def host_cordoned(host_id: int) -> bool | None:
+    """Whether the host is cordoned as of now; None when its row is gone."""
+    found = Host.objects.filter(pk=host_id).values_list("cordoned", flat=True).first()
+    return None if found is None else bool(found)
+
+
+def offered_backends() -> list[str]:
+    """The runner backends the healthy hosts offer, most offered first (ties by name)."""
+    seen: dict[str, int] = {}
+    for backends in hosts_for_scheduling().values_list("backends", flat=True):
+        for name in backends or []:
+            if isinstance(name, str):
+                seen[name] = seen.get(name, 0) + 1
+    return sorted(seen, key=lambda name: (-seen[name], name))

@@ -21,6 +21,7 @@ class TaskKind(models.TextChoices):
     STREAM_LOGS = "stream_logs"  # LOG-01: relay a runner's output to its viewers
     CANCEL_LOGS = "cancel_logs"  # LOG-04: the last viewer left
     IMAGE_PREWARM = "image_prewarm"  # AGENT-14: prepare a pool's images; no runner
+    CHECK_HOST = "check_host"  # TASK-09..11: an operator's look at the host's readiness
 
 
 class TaskState(models.TextChoices):

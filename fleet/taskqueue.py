@@ -25,12 +25,13 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F, QuerySet
 
-from accounts.sealing import seal, unseal_text
+from fleet.host_checks import note_host_check
 from fleet.models import AgentTask, Host
 from fleet.states import OPEN_TASK_STATES, TaskKind, TaskState
 from fleet.transitions import transition_task
 from fleet.wakeups import announce_pending_tasks, notify_host
 from zoomies_site.core import registry
+from zoomies_site.core.sealing import seal, unseal_text
 
 log = logging.getLogger("zoomies.fleet")
 
@@ -45,7 +46,7 @@ LEASE_SETTING = {
     TaskKind.IMAGE_PREWARM: "tasks.create_lease",
 }
 
-# A sealed env value in a task row: this prefix, then `accounts.sealing.seal`'s "v1:..." text.
+# A sealed env value in a task row: this prefix, then `core.sealing.seal`'s "v1:..." text.
 SEALED_PREFIX = "sealed:"
 
 
@@ -56,9 +57,19 @@ LOG_TASK_KINDS = (TaskKind.STREAM_LOGS, TaskKind.CANCEL_LOGS)
 LOG_TASK_LEASE = timedelta(seconds=60)
 
 
+# TASK-09: a host check has a lease of its own, above the agent's 45 s bound on one run,
+# and is offered once; TASK-10: dropped when no agent took it within 20 s.
+HOST_CHECK_LEASE = timedelta(seconds=90)
+HOST_CHECK_TAKE_WITHIN = timedelta(seconds=20)
+# Offered once and never put back on the queue.
+ONCE_KINDS = (*LOG_TASK_KINDS, TaskKind.CHECK_HOST)
+
+
 def lease_for(kind: str) -> timedelta:
     if kind in LOG_TASK_KINDS:
         return LOG_TASK_LEASE
+    if kind == TaskKind.CHECK_HOST:
+        return HOST_CHECK_LEASE
     return registry.get(LEASE_SETTING[TaskKind(kind)])
 
 
@@ -74,7 +85,7 @@ def enqueue_task(
         payload=seal_env(payload),
         state=TaskState.PENDING,
         attempt=0,
-        max_attempts=1 if kind in LOG_TASK_KINDS else registry.get("tasks.max_attempts"),
+        max_attempts=1 if kind in ONCE_KINDS else registry.get("tasks.max_attempts"),
         lease_seconds=int(lease_for(kind).total_seconds()),
         created_at=now,
     )
@@ -96,7 +107,7 @@ def seal_env(payload: dict) -> dict:
 
 def wire_payload(task: AgentTask) -> dict:
     """The payload as the task's agent receives it: `env` in plain values, over the agent's
-    own (TLS) connection. Raises accounts.sealing.SealError when a value cannot be unsealed."""
+    own (TLS) connection. Raises core.sealing.SealError when a value cannot be unsealed."""
     payload = task.payload
     env = payload.get("env") if isinstance(payload, dict) else None
     if not isinstance(env, dict):
@@ -220,9 +231,25 @@ def sweep_tasks(now: datetime) -> SweepResult:
             guard={"lease_deadline__lte": now},
             result=result,
         )
+    result.lines.extend(drop_untaken_host_checks(now))
     for line in result.lines:
         log.info("task sweep: %s", line)
     return result
+
+
+def drop_untaken_host_checks(now: datetime) -> list[str]:
+    """TASK-10: a host check no agent took within 20 s is dropped (cancelled): the host
+    did not answer, which is itself what the operator learns."""
+    stale = AgentTask.objects.filter(
+        kind=TaskKind.CHECK_HOST,
+        state=TaskState.PENDING,
+        created_at__lte=now - HOST_CHECK_TAKE_WITHIN,
+    )
+    dropped = cancel_tasks(stale, now=now, actor=SWEEP_ACTOR, reason="no agent took it within 20 s")
+    for task in AgentTask.objects.filter(pk__in=dropped):
+        note_host_check(task.host_id, task, state="dropped", now=now,
+                        error="no agent took it within 20 s")  # fmt: skip
+    return [f"host check {pk} dropped: no agent took it within 20 s" for pk in dropped]
 
 
 def requeue_in_flight(host_id: int, *, now: datetime, actor: str, why: str) -> SweepResult:
@@ -328,3 +355,6 @@ def _offer_again(
     ):
         result.lines.append(reason)
         result.abandoned.append(task)
+        if task.kind == TaskKind.CHECK_HOST:
+            note_host_check(task.host_id, task, state="expired", now=now,
+                            error="the agent took it and never answered")  # fmt: skip

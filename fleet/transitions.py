@@ -28,7 +28,7 @@ from fleet.states import (
     machine_sources_of,
     task_sources_of,
 )
-from zoomies_site.events import emit
+from zoomies_site.core.events import emit
 
 log = logging.getLogger("zoomies.fleet")
 
@@ -41,12 +41,19 @@ def transition_machine(
     actor: str,
     reason: str = "",
     message: str | None = None,
+    fields: dict[str, Any] | None = None,
+    expected_from: frozenset[str] | None = None,
 ) -> bool:
-    """Compare-and-set a machine's state; True only when this call moved it."""
+    """Compare-and-set a machine's state; True only when this call moved it. `fields` are
+    other columns written by the same UPDATE (the identity before a create, MACH-04).
+    `expected_from` narrows the move to the states its caller judged (an operator's release
+    is of a quarantined machine, never of one deleting)."""
     new_state = MachineState(new_state)
     with transaction.atomic():
         current = Machine.objects.filter(pk=machine_id).values_list("state", flat=True).first()
         if current is None or current == new_state:
+            return False
+        if expected_from is not None and current not in expected_from:
             return False
         if not can_transition_machine(current, new_state):
             log.warning(
@@ -57,12 +64,12 @@ def transition_machine(
                 reason or actor,
             )
             return False
-        fields: dict = {"state": new_state, "state_changed_at": now}
+        changes: dict[str, Any] = {**(fields or {}), "state": new_state, "state_changed_at": now}
         if message is not None:
-            fields["message"] = message
+            changes["message"] = message
         moved = Machine.objects.filter(
             pk=machine_id, state=current, state__in=machine_sources_of(new_state)
-        ).update(**fields)
+        ).update(**changes)
         if moved:
             audit.record(
                 actor=actor,
@@ -97,8 +104,8 @@ def transition_task(
     actor: str,
     reason: str = "",
     attempt: int | None = None,
-    guard: dict | None = None,
-    fields: dict | None = None,
+    guard: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None,
     record: bool = True,
     action: str | None = None,
 ) -> bool:
@@ -133,7 +140,7 @@ def transition_task(
             return False
         if attempt is not None and row["attempt"] != attempt:
             return False
-        update: dict = {"state": new_state, **(fields or {})}
+        update: dict[str, Any] = {"state": new_state, **(fields or {})}
         if new_state in FINAL_TASK_STATES:
             update.setdefault("finished_at", now)
             update["lease_deadline"] = None
@@ -174,7 +181,7 @@ def transition_host_health(
     now: datetime,
     actor: str,
     reason: str = "",
-    guard: dict | None = None,
+    guard: dict[str, Any] | None = None,
 ) -> bool:
     """Compare-and-set a host's health (HOST-03/04); True only when this call moved it.
 

@@ -8,15 +8,18 @@ from django.contrib import admin
 
 from runners.models import Installation, Job, Pool, RedeliveryRequest, Runner, WebhookDelivery
 from runners.states import JobStatus
-from zoomies_site.events import AdminEvents
+from zoomies_site.core.events import AdminEvents
 
 
 @admin.register(Installation)
 class InstallationAdmin(admin.ModelAdmin):
     list_display = ["account", "github_id", "kind", "active", "last_webhook_at", "standdown_until"]
+    # What the controller writes (health, stand-downs, failing mints, where runners
+    # registered) is shown, never edited here.
     readonly_fields = [
         "last_webhook_at", "last_polled_at", "last_reaped_at", "standdown_until",
-        "standdown_reason", "created_at",
+        "standdown_reason", "created_at", "registered_repositories", "mint_failures",
+        "mint_failing_since", "mint_error", "mint_retry_at",
     ]  # fmt: skip
 
 

@@ -19,11 +19,22 @@ from rest_framework.views import APIView
 from accounts.actors import actor_for
 from accounts.permissions import HasFleetScope
 from accounts.roles import Level
+from fleet.models import Host
 from runners import actions
+from runners.actions import installations as installation_actions
 from runners.actions import pools as pool_actions
+from runners.host_facts import memory_blocked_now
 from runners.models import Installation, Job, Pool, Runner
+from runners.naming import runner_image
+from runners.reconcile import runner_command
 from runners.states import LIVE_STATES, TERMINAL_STATES, JobStatus, RunnerState
-from zoomies_site.api_common import Conflict, ListPages, NamePages, Pages, page_of
+from zoomies_site.core.api_common import (
+    Conflict,
+    DetailSerializer,
+    NamePages,
+    Pages,
+)
+from zoomies_site.core.api_parsers import RejectUnknownFields
 
 
 def _django_errors(exc: DjangoValidationError) -> serializers.ValidationError:
@@ -32,27 +43,44 @@ def _django_errors(exc: DjangoValidationError) -> serializers.ValidationError:
     return serializers.ValidationError({"non_field_errors": exc.messages})
 
 
-class DetailSerializer(serializers.Serializer):
-    """The one error shape (zoomies_site.api_common)."""
-
-    detail = serializers.CharField()
-
-
 # -- pools ----------------------------------------------------------------------------------
 
 
-class PoolSerializer(serializers.ModelSerializer):
+class PoolSerializer(RejectUnknownFields, serializers.ModelSerializer):
     """A pool's GET shape (and the body POST and PATCH /api/v1/pools take)."""
+
+    runs = serializers.SerializerMethodField(
+        help_text="What each runner runs: the image, or a process pool's program on the host"
+    )
+
+    @extend_schema_field(str)
+    def get_runs(self, pool: Pool) -> str:
+        """Issue 21 item 10: a process pool with no image ran the host's default program
+        unseen; the pool now says which, as the agent will run it."""
+        try:
+            image = runner_image(pool.image, pool.platform, pool.backend, dind=pool.dind)
+            argv = runner_command(pool, image)
+        except ValueError as exc:
+            return f"nothing: {exc}"
+        return image if argv is None else f"{' '.join(argv)} on the host ({image})"
+
+    def validate_labels(self, labels):
+        """Issue 21 item 10: a pool is chosen by its labels; with none of its own it would
+        answer any `runs-on: self-hosted` job, which no operator asks for by leaving the
+        list empty."""
+        if isinstance(labels, list) and not labels:
+            raise serializers.ValidationError("a pool needs at least one label of its own")
+        return labels
 
     class Meta:
         model = Pool
         fields = [
             "id", "name", "installation", "repository", "labels", "backend", "platform",
             "host_selector", "image", "cpus", "memory_mb", "dind", "env", "ephemeral", "warm",
-            "max_runners", "paused", "idle_timeout", "runner_group_id", "created_at",
+            "max_runners", "paused", "idle_timeout", "runner_group_id", "created_at", "runs",
         ]  # fmt: skip
         # Pausing is a lifecycle verb with its own route, not a field edit.
-        read_only_fields = ["id", "created_at", "paused"]
+        read_only_fields = ["id", "created_at", "paused", "runs"]
 
     def validate(self, attrs):
         """The model's own validation (`Pool.clean`), as the admin runs it (issue 8 item 1)."""
@@ -174,18 +202,32 @@ def runner_queryset():
 class RunnerSerializer(serializers.ModelSerializer):
     """A runner's GET shape in the list; `has_output_tail` says the detail route has more."""
 
-    pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    host = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    pool: serializers.SlugRelatedField[Pool] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    host: serializers.SlugRelatedField[Host] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True
+    )
     has_output_tail = serializers.SerializerMethodField()
+    memory_blocked = serializers.SerializerMethodField()
 
     class Meta:
         model = Runner
         fields = [
             "id", "name", "pool", "host", "state", "phase", "message", "created_at",
             "state_changed_at", "finished_at", "image", "cpus", "memory_mb", "ephemeral",
-            "exit_code", "github_runner_id", "has_output_tail",
+            "exit_code", "github_runner_id", "has_output_tail", "online_at",
+            "lent_memory_mb", "would_lend_memory_mb", "memory_blocked",
         ]  # fmt: skip
+        # online_at: when GitHub first showed it online (issue 29 item 1); an idle runner
+        # without it is still starting for the scheduler, and its provision timeout runs.
+        # lent_memory_mb: what its host's memory valve lent it above memory_mb (HOST-29);
+        # would_lend_memory_mb: what it would have been lent in observe mode (HOST-31);
+        # memory_blocked: why a raise it needed was refused, for 15 min after (HOST-32).
         read_only_fields = fields
+
+    def get_memory_blocked(self, runner: Runner) -> str:
+        return memory_blocked_now(runner, timezone.now())
 
     def get_has_output_tail(self, runner: Runner) -> bool:
         # The list annotates it, so it never loads the tails themselves.
@@ -248,9 +290,22 @@ class RunnerDrain(APIView):
 
     permission_classes = [HasFleetScope]
 
-    @extend_schema(request=None, responses={200: RunnerDetailSerializer, 409: DetailSerializer})
+    @extend_schema(
+        request=None,
+        parameters=[
+            OpenApiParameter("confirm", bool, description="needed to drain a busy runner (RUN-12)")
+        ],
+        responses={200: RunnerDetailSerializer, 409: DetailSerializer},
+    )
     def post(self, request, pk: int):
         runner = get_object_or_404(Runner, pk=pk)
+        confirmed = request.query_params.get("confirm", "").lower() in ("true", "1", "yes")
+        if runner.state == RunnerState.BUSY and not confirmed:
+            # RUN-12: a busy runner's job is someone's build; draining it is asked twice.
+            raise Conflict(
+                f"runner {runner.name} is busy with a job: draining lets the job run for "
+                "runners.drain_grace and then stops it; ask again with confirm=true"
+            )
         result = actions.drain_runner(
             runner, now=timezone.now(), actor=actor_for(request), reason="drained through the API"
         )
@@ -329,7 +384,7 @@ class JobDetail(generics.RetrieveAPIView):
 # -- installations --------------------------------------------------------------------------
 
 
-class InstallationSerializer(serializers.ModelSerializer):
+class InstallationSerializer(RejectUnknownFields, serializers.ModelSerializer):
     """An installation's GET shape, and what POST /api/v1/installations takes."""
 
     class Meta:
@@ -364,7 +419,7 @@ class InstallationList(generics.ListCreateAPIView):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        installation, created = pool_actions.add_installation(
+        installation, created = installation_actions.add_installation(
             github_id=data["github_id"],
             account=data["account"],
             kind=data.get("kind", Installation.Kind.ORG),
@@ -387,33 +442,6 @@ class InstallationDetail(generics.RetrieveDestroyAPIView):
     queryset = Installation.objects.all()
 
     def perform_destroy(self, instance):
-        pool_actions.remove_installation(
+        installation_actions.remove_installation(
             instance, actor=actor_for(self.request), now=timezone.now()
         )
-
-
-# -- problems -------------------------------------------------------------------------------
-
-
-class ProblemSerializer(serializers.Serializer):
-    key = serializers.CharField()
-    severity = serializers.CharField()
-    title = serializers.CharField()
-    detail = serializers.CharField(required=False)
-
-
-class ProblemList(APIView):
-    """GET /api/v1/problems: the problems drawer's list, worked out afresh, paged.
-
-    A plain APIView: it lists no model, and the browsable renderer asks a GenericAPIView
-    for a queryset it does not have (a 500 before).
-    """
-
-    permission_classes = [HasFleetScope]
-    pagination_class = ListPages
-
-    @extend_schema(responses={200: ProblemSerializer(many=True)})
-    def get(self, request):
-        from zoomies_site.problems import problems  # noqa: PLC0415  # zoomies_site.problems imports runners
-
-        return page_of(self, problems(timezone.now()))

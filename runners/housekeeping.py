@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from fleet.health import check_host_health
+from fleet.provider_setups import purge_expired_setups
 from fleet.taskqueue import sweep_tasks
+from fleet.throttling import throttle_step
 from runners.actions import (
     expire_failed_runners,
     fail_unconfirmed_stops,
@@ -15,7 +17,7 @@ from runners.actions import (
     reissue_owed_removes,
     settle_abandoned_tasks,
 )
-from zoomies_site.events import prune_events
+from zoomies_site.core.events import prune_events
 
 log = logging.getLogger("zoomies.housekeeping")
 
@@ -38,6 +40,7 @@ def fleet_step(now: datetime) -> list[str]:
     rebuilt from rows (TASK-05, TASK-08)."""
     return (
         check_host_health(now)
+        + throttle_step(now)
         + sweep_task_leases(now)
         + fail_unconfirmed_stops(now)
         + reissue_owed_removes(now)
@@ -50,6 +53,7 @@ def housekeeping_step(now: datetime) -> HousekeepingReport:
     report.lines.extend(fleet_step(now))
     report.lines.extend(expire_failed_runners(now))
     report.lines.extend(reap_removed_runners(now))
+    report.lines.extend(purge_expired_setups(now))  # staged Proxmox tokens past their time
     pruned = prune_events(now)
     if pruned:
         report.lines.append(f"pruned {pruned} event(s) older than the outbox's retention")

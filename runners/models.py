@@ -245,6 +245,19 @@ class Installation(models.Model):
     last_reaped_at = models.DateTimeField(null=True, blank=True)
     standdown_until = models.DateTimeField(null=True, blank=True)
     standdown_reason = models.CharField(max_length=300, blank=True)
+    # Every repository a runner of this installation was registered at, so the reap keeps
+    # listing it after the pool moved elsewhere or was deleted (issue 21 item 7); a reap that
+    # finds nothing of ours there any more forgets it.
+    registered_repositories = models.JSONField(default=list, blank=True)
+    # Issue 21 item 5: credential mints that keep failing (a 404 for an installation GitHub
+    # no longer knows): how many in a row, since when, the last error, and when to try again.
+    mint_failures = models.PositiveIntegerField(default=0)
+    mint_failing_since = models.DateTimeField(null=True, blank=True)
+    mint_error = models.CharField(max_length=300, blank=True)
+    mint_retry_at = models.DateTimeField(null=True, blank=True)
+    # Issue 29 item 1: when the reconcile pass last listed this installation's registrations
+    # to see which new runners GitHub shows online (at most every runners.ONLINE_CHECK_EVERY).
+    online_checked_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.account} ({self.github_id})"
@@ -333,13 +346,31 @@ class Runner(models.Model):
     # can say which limit it was. Blank: no figure.
     cpus_from = models.CharField(max_length=8, blank=True)
     memory_from = models.CharField(max_length=8, blank=True)
+    # HOST-29: MB its agent's memory valve lent it above `memory_mb` (only ever rises; a
+    # loan is never taken back), charged to its host by the placement ledger until it ends.
+    lent_memory_mb = models.PositiveIntegerField(default=0)
+    # HOST-31: what the valve in observe mode would have lent it; recorded, never charged.
+    would_lend_memory_mb = models.PositiveIntegerField(default=0)
+    # HOST-32: why its agent's valve could not raise a limit it needed, and when (shown for
+    # 15 min: runners.host_facts.MEMORY_BLOCKED_FOR).
+    memory_blocked = models.CharField(max_length=300, blank=True)
+    memory_blocked_at = models.DateTimeField(null=True, blank=True)
     ephemeral = models.BooleanField(default=True)
     exit_code = models.IntegerField(null=True, blank=True)
-    # Issue 8 item 7: when GitHub confirmed the idle drain's deregistration. A runner with no
-    # registration takes no job, so its clean exit stands for none (unlinked_exits).
+    # Issue 8 item 7: when GitHub confirmed the idle drain's deregistration (or a failed
+    # runner's, issue 29 item 4). A runner with no registration takes no job, so its clean
+    # exit stands for none (unlinked_exits).
     deregistered_at = models.DateTimeField(null=True, blank=True)
     # Issue 8 item 7: GitHub answered the idle drain "busy" (422); not asked again before this.
+    # A failed runner's deregistration waits on it the same way (runners.registrations).
     drain_deferred_until = models.DateTimeField(null=True, blank=True)
+    # Issue 29 item 1: when GitHub first showed the registration online (or gave it a job).
+    # Until then the runner is still starting, whatever its process says, and the provision
+    # timeout applies to it.
+    online_at = models.DateTimeField(null=True, blank=True)
+    # When it entered failed (kept after the failed retention moves it to removed), so a
+    # pool's failed starts can be counted (issue 21 item 5, issue 29 item 4).
+    failed_at = models.DateTimeField(null=True, blank=True)
     # The end of a failed runner's output, as its agent read it before deleting the workload
     # (issue 8 item 14): the output file itself is gone with the runner's directory.
     output_tail = models.TextField(blank=True)

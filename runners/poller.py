@@ -39,8 +39,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models.functions import Coalesce
 
+from runners import naming
 from runners.actions import (
+    JobUpdate,
     apply_job_update,
     clear_standdown,
     normalise_status,
@@ -49,7 +53,7 @@ from runners.actions import (
 from runners.github.config import get_app
 from runners.github.errors import GitHubError, NotFound, RateLimited
 from runners.models import Installation, Job, Runner, SweptRun
-from runners.states import JobStatus
+from runners.states import TERMINAL_STATES, JobStatus
 from runners.wake import wake_reconcile
 from runners.webhooks import BadPayload, job_update_from_github
 from zoomies_site.core import registry
@@ -360,14 +364,30 @@ def _list_and_feed(sw: _Sweep, repo: str, runs: list, memo: dict[int, str], *, f
         memo[run_id] = stamp
 
 
+def runner_gone_jobs() -> QuerySet[Job]:
+    """Jobs still in progress here whose runner is gone (issue 21 item 3): its row ended
+    (failed, or removed before GitHub's `completed` was heard), or was reaped (one of our
+    names with no row left). A job on someone else's runner is not among them."""
+    reaped = Q(runner__isnull=True, runner_name__startswith=naming.PREFIX) & ~Exists(
+        Runner.objects.filter(name=OuterRef("runner_name"))
+    )
+    return Job.objects.filter(status=JobStatus.IN_PROGRESS).filter(
+        Q(runner__state__in=list(TERMINAL_STATES)) | reaped
+    )
+
+
 def _settle_vanished(sw: _Sweep, repo: str, active_runs: set[int]) -> None:
-    """Ask after open jobs of ours whose run is not among the runs just listed.
+    """Ask after open jobs of ours whose run is not among the runs just listed, and after
+    every job in progress whose runner is gone.
 
     Their run finished, or they were cancelled, between two sweeps; with no webhook nothing
     else would say so, and a job left queued here is demand for ever. In a safety sweep
     (only queued runs listed) this also asks after jobs whose run is in progress, so a lost
-    `in_progress` or `completed` delivery is made good (issue 11 item 2). One call per run, at
-    most MAX_RUN_LOOKUPS runs a repository a sweep; the rest are asked after next time.
+    `in_progress` or `completed` delivery is made good (issue 11 item 2). A job whose runner
+    is gone is asked after even while its run is listed as active (issue 21 item 3): the
+    run's listing changes only when GitHub changes it, so a job stopped with its controller
+    stayed `in_progress` here for good. Those runs first, then one call per run, at most
+    MAX_RUN_LOOKUPS runs a repository a sweep; the rest are asked after next time.
     """
     installation, client, budget, now, report = (
         sw.installation, sw.client, sw.budget, sw.now, sw.report
@@ -379,16 +399,65 @@ def _settle_vanished(sw: _Sweep, repo: str, active_runs: set[int]) -> None:
         .order_by("run_id")
     )
     vanished = dict(open_jobs.values_list("github_id", "run_id"))
-    for run_id in sorted(set(vanished.values()))[:MAX_RUN_LOOKUPS]:
+    orphaned = dict(
+        runner_gone_jobs()
+        .filter(repository__iexact=repo)
+        .exclude(run_id=None)
+        .values_list("github_id", "run_id")
+    )
+    vanished.update(orphaned)
+    # At most half the lookups for those, so runs that vanished still get asked after
+    # while a lost host's runners' jobs run on (issue 11 item 4) for hours.
+    first = sorted(set(orphaned.values()))[: MAX_RUN_LOOKUPS // 2]
+    runs = first + sorted(set(vanished.values()) - set(first))
+    for run_id in runs[:MAX_RUN_LOOKUPS]:
         budget.check()
         try:
             jobs = client.run_jobs(repo, run_id).items
-        except NotFound as exc:
-            report.errors.setdefault(installation.github_id, []).append(str(exc))
+        except NotFound:
+            _run_gone(sw, repo, run_id, [gid for gid, run in vanished.items() if run == run_id])
             continue
         report.runs_listed += 1
         _feed([j for j in jobs if isinstance(j, dict) and j.get("id") in vanished],
               repo, installation, now, report)  # fmt: skip
+
+
+def _run_gone(sw: _Sweep, repo: str, run_id: int, job_ids: list[int]) -> None:
+    """GitHub answers 404 for the run of open jobs here (issue 29 item 4): the run or its
+    repository is gone, or out of this installation's reach. Each job is asked after by its
+    own id first, so one answer GitHub has not caught up on ends nothing: a job GitHub
+    still has is recorded as it says; one it answers 404 for too is completed here, with no
+    conclusion (GitHub gave none) and no runner named, so it stops being demand and asked
+    after on every sweep."""
+    gone = 0
+    open_jobs = Job.objects.filter(github_id__in=job_ids).exclude(status=JobStatus.COMPLETED)
+    for job in open_jobs:
+        sw.budget.check()
+        try:
+            found = sw.client.job(repo, job.github_id)
+        except NotFound:
+            pass
+        except GitHubError as exc:
+            sw.report.errors.setdefault(sw.installation.github_id, []).append(str(exc))
+            continue  # asked again next sweep
+        else:
+            _feed([found], repo, sw.installation, sw.now, sw.report)
+            continue
+        update = JobUpdate(
+            github_id=job.github_id, status=JobStatus.COMPLETED, repository=repo,
+            labels=tuple(job.labels), run_id=run_id, name=job.name, completed_at=sw.now,
+        )  # fmt: skip
+        recorded = apply_job_update(
+            update, installation=sw.installation, now=sw.now, source="poll", actor=ACTOR
+        )
+        if recorded is not None and recorded.status == JobStatus.COMPLETED:
+            gone += 1
+    if gone:
+        sw.report.jobs_changed += gone
+        log.warning(
+            "%s run %s: GitHub answers 404 for it and its jobs; %d open job(s) here completed",
+            repo, run_id, gone,
+        )  # fmt: skip
 
 
 def _sweep_installation(sw: _Sweep, *, full: bool) -> None:
@@ -495,3 +564,50 @@ def poll_step(
     if report.changed:
         transaction.on_commit(wake_reconcile)
     return report
+
+
+# How many jobs the runner-gone problem names.
+GONE_JOBS_NAMED = 5
+
+
+def runner_gone_problems(now: datetime) -> list[dict]:
+    """Issue 21 item 3: jobs still in progress `runners.runner_gone_job_warning` after their
+    runner ended (since its end; since the job's last change when the row is reaped). The
+    sweep asks GitHub after each every time it runs; one GitHub still shows running, or
+    whose run it cannot find, stayed `in_progress` here for good with nothing said."""
+    bound: timedelta = _registry("runners.runner_gone_job_warning")
+    stuck = (
+        runner_gone_jobs()
+        .annotate(gone_since=Coalesce("runner__finished_at", "updated_at"))
+        .filter(gone_since__lte=now - bound)
+        .order_by("gone_since", "pk")
+    )
+    rows = list(
+        stuck.values_list("repository", "github_id", "runner_name", "runner__state")[
+            : GONE_JOBS_NAMED + 1
+        ]
+    )
+    if not rows:
+        return []
+    total = len(rows) if len(rows) <= GONE_JOBS_NAMED else stuck.count()
+    named = [
+        f"{repo} job {github_id} (runner {name or '?'} {state or 'gone'})"
+        for repo, github_id, name, state in rows[:GONE_JOBS_NAMED]
+    ]
+    more = f" and {total - GONE_JOBS_NAMED} more" if total > GONE_JOBS_NAMED else ""
+    minutes = int(bound.total_seconds() // 60)
+    return [
+        {
+            "key": "jobs.runner_gone",
+            "severity": "warning",
+            "title": (
+                f"{total} job(s) still in progress more than {minutes} min after their runner ended"
+            ),
+            "detail": (
+                f"{', '.join(named)}{more}. The poller asks GitHub after each on every sweep, "
+                "and GitHub still shows it running or cannot find its run. Look at the run on "
+                "GitHub and cancel it if nothing runs it; runners.runner_gone_job_warning "
+                "sets when a job is named here."
+            ),
+        }
+    ]

@@ -9,13 +9,13 @@ a pool the reconcile pass cannot read, and a job that has waited too long for a 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db.models import Max
 
 from runners import naming
-from runners.models import Installation, Job, Pool
-from runners.poller import webhook_fresh_window
+from runners.models import Installation, Job, Pool, Runner
+from runners.poller import runner_gone_problems, webhook_fresh_window
 from runners.pool_views import read_pools
 from runners.states import JobStatus
 from zoomies_site.core import registry
@@ -67,6 +67,14 @@ def _polling_only(now: datetime) -> dict | None:
     }
 
 
+def _sentence(text: str) -> str:
+    """A reason as a sentence of its own (issue 29 item 4: "...until GitHub said the quota
+    returns Until then ..." ran two into one)."""
+    text = (text or "Rate limited").strip()
+    text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else f"{text}."
+
+
 def _standdowns(now: datetime) -> list[dict]:
     problems = []
     held = Installation.objects.filter(active=True, standdown_until__gt=now).order_by("pk")
@@ -80,7 +88,7 @@ def _standdowns(now: datetime) -> list[dict]:
                     f"{inst.standdown_until:%Y-%m-%d %H:%M:%S} UTC"
                 ),
                 "detail": (
-                    f"Installation {inst.github_id}. {inst.standdown_reason or 'Rate limited.'} "
+                    f"Installation {inst.github_id}. {_sentence(inst.standdown_reason)} "
                     "Until then the poller and the registration reap leave this installation "
                     "alone; the other installations carry on."
                 ),
@@ -188,11 +196,143 @@ def waiting_jobs(now: datetime) -> list[dict]:
     ]
 
 
+def failing_mints(now: datetime) -> list[dict]:
+    """Issue 21 item 5: an installation whose runner credentials keep failing to mint. Its
+    pools get no runner and the log said it twice every five seconds while this list was
+    empty; now it says it here, from the second failure or a minute in."""
+    found = []
+    for inst in Installation.objects.filter(mint_failures__gt=0).order_by("pk"):
+        since = inst.mint_failing_since or now
+        if inst.mint_failures < 2 and now - since < timedelta(minutes=1):
+            continue
+        pools = sorted(Pool.objects.filter(installation=inst).values_list("name", flat=True))
+        found.append(
+            {
+                "key": "github.mint_failing",
+                "severity": WARNING,
+                "title": (
+                    f"Runner credentials for installation {inst.account} ({inst.github_id}) "
+                    f"failed to mint {inst.mint_failures} time(s) since {_when(since, now)}: "
+                    f"{inst.mint_error}"
+                ),
+                "detail": (
+                    "Check that the GitHub App is still installed on this account and that "
+                    "the installation id is right"
+                    + (f"; pools affected: {', '.join(pools)}" if pools else "")
+                    + ". Minting is retried with a growing wait."
+                ),
+            }
+        )
+    return found
+
+
+# How far back a pool's failed starts are counted (the latest hour's say what is wrong now).
+FAILED_STARTS_WINDOW = timedelta(hours=1)
+
+
+def failing_starts(now: datetime) -> list[dict]:
+    """Issue 21 item 5, issue 29 items 1 and 4: a pool whose runners fail before GitHub ever
+    shows them online (a provision timeout, a runner program that cannot start, a runner
+    that exits 1), with no runner of it online since the first of those failures. The
+    pool showed "active" and this list stayed empty; now its cause, count and since when
+    are here from the first failure."""
+    failed = Runner.objects.filter(
+        failed_at__gte=now - FAILED_STARTS_WINDOW, online_at__isnull=True
+    ).order_by("failed_at", "pk")
+    by_pool: dict[int, list[Runner]] = {}
+    for runner in failed.select_related("pool"):
+        by_pool.setdefault(runner.pool_id, []).append(runner)
+    found = []
+    for runners in sorted(by_pool.values(), key=lambda rs: rs[0].pool.name):
+        pool = runners[0].pool
+        last_online = Runner.objects.filter(pool=pool).aggregate(at=Max("online_at"))["at"]
+        if last_online is not None:
+            runners = [r for r in runners if r.failed_at > last_online]
+        if not runners:
+            continue
+        latest = runners[-1]
+        cause = (latest.message or "no reason was recorded").splitlines()[0][:300]
+        found.append(
+            {
+                "key": f"pool.failing_starts:{pool.name}",
+                "severity": WARNING,
+                "title": (
+                    f"Pool {pool.name}: {len(runners)} runner(s) failed before GitHub showed "
+                    f"them online, since {_when(runners[0].failed_at, now)}"
+                ),
+                "detail": (
+                    f"The latest ({latest.name}): {_sentence(cause)} No runner of this pool "
+                    "has come online since the first failure; the pool keeps trying, each "
+                    "start after a growing wait (scheduler.start_backoff). A failed runner's "
+                    "message and output are on the Runners page."
+                ),
+            }
+        )
+    return found
+
+
+def removed_installations() -> list[dict]:
+    """Issue 29 item 3: an installation removed (uninstalled or suspended at GitHub, or by
+    an operator) whose pools are still configured: they get no runner until it is back."""
+    found = []
+    for inst in Installation.objects.filter(active=False).order_by("pk"):
+        pools = sorted(Pool.objects.filter(installation=inst).values_list("name", flat=True))
+        if not pools:
+            continue
+        found.append(
+            {
+                "key": "github.installation_removed",
+                "severity": WARNING,
+                "title": f"Installation {inst.account} ({inst.github_id}) is removed",
+                "detail": (
+                    f"Its pools are paused and nothing asks GitHub for it: {', '.join(pools)}. "
+                    "Install the App on the account again (POST /api/v1/installations adds "
+                    "it back), or delete the pools."
+                ),
+            }
+        )
+    return found
+
+
+def pools_of_removed_repositories() -> list[dict]:
+    """Issue 29 item 3: a pool paused because its repository was taken out of its
+    installation at GitHub (`installation_repositories.removed`). An installation that
+    lists no repositories has all of them, so none of its pools is named."""
+    found = []
+    for inst in Installation.objects.filter(active=True).exclude(repositories=[]).order_by("pk"):
+        listed = {str(r).lower() for r in inst.repositories or ()}
+        pools = Pool.objects.filter(installation=inst, paused=True).exclude(repository="")
+        for pool in pools.order_by("name"):
+            if pool.repository.lower() in listed:
+                continue
+            found.append(
+                {
+                    "key": f"pool.repository_removed:{pool.name}",
+                    "severity": WARNING,
+                    "title": (
+                        f"Pool {pool.name} is paused: its repository {pool.repository} is no "
+                        f"longer in installation {inst.account} ({inst.github_id})"
+                    ),
+                    "detail": (
+                        "The repository was removed from the GitHub App's installation, so no "
+                        "runner can be registered there. Add it back to the installation on "
+                        "GitHub and resume the pool, or point the pool at another repository."
+                    ),
+                }
+            )
+    return found
+
+
 def runners_problems(now: datetime) -> list[dict]:
     """Everything this app adds to the problems list."""
     return [
         *github_problems(now),
+        *failing_mints(now),
+        *failing_starts(now),
+        *removed_installations(),
+        *pools_of_removed_repositories(),
         *unreadable_pools(),
         *docker_client_missing(),
         *waiting_jobs(now),
+        *runner_gone_problems(now),
     ]

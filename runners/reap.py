@@ -28,6 +28,7 @@ from datetime import datetime
 from django.db.models import Q
 
 from accounts import audit
+from runners.actions.installations import forget_registered_repository
 from runners.github.config import get_app
 from runners.github.errors import GitHubError, RateLimited
 from runners.github.scopes import registration_scopes
@@ -50,15 +51,21 @@ def _registry(key: str):
 def reap_due(installation: Installation, now: datetime, started_at: datetime) -> bool:
     """POLL-10: first at `started_at + reap_first_after`, then every `reap_interval`.
 
-    A `last_reaped_at` from before this process started does not count: after a restart the
-    first comparison is again a minute in.
+    A `last_reaped_at` from before this process started does not delay the first reap a
+    minute in. Nor does a restart delay an overdue one: a reap `reap_interval` after the
+    last (or after the installation was added, if never) is due at once, so restarts less
+    than a minute apart no longer postpone it for ever (issue 21 item 21).
     """
+    interval = _registry("github.reap_interval")
+    last = installation.last_reaped_at
+    since = last or installation.created_at
+    if since is not None and now >= since + interval:
+        return True
     if now < started_at + _registry("github.reap_first_after"):
         return False
-    last = installation.last_reaped_at
     if last is None or last < started_at:
         return True
-    return now >= last + _registry("github.reap_interval")
+    return now >= last + interval
 
 
 @dataclass
@@ -82,7 +89,9 @@ def _targets(installation: Installation, client) -> list[dict[str, str]]:
     """Where this installation's registrations live: the organisation and every repository a
     pool registers at, or each repository (`runners.github.scopes`)."""
     pool_repos = Pool.objects.filter(Q(installation=installation) | Q(installation=None))
-    pool_repos = pool_repos.exclude(repository="").values_list("repository", flat=True)
+    pool_repos = [*pool_repos.exclude(repository="").values_list("repository", flat=True)]
+    # Where runners were registered, whatever the pools say now (issue 21 item 7).
+    pool_repos += [r for r in installation.registered_repositories if isinstance(r, str)]
     repos = []
     if installation.kind == Installation.Kind.REPO:
         repos = [r for r in (installation.repositories or []) if isinstance(r, str) and "/" in r]
@@ -98,10 +107,27 @@ def _explained(name: str, runner_id: object) -> bool:
     return Runner.objects.filter(match, state__in=LIVE_STATES).exists()
 
 
-def _reap_target(client, target: dict[str, str], report: ReapReport, gid: int) -> None:
-    """List one target's registrations and delete its orphans. RateLimited propagates."""
+def _forget_if_done(installation: Installation, target: dict[str, str], ours_left: int) -> None:
+    """A remembered repository with nothing of ours left and no pool naming it is dropped
+    from the installation's list: the reap stops listing it."""
+    repo = target.get("repo")
+    if (
+        repo is None
+        or ours_left
+        or repo.lower() not in {r.lower() for r in installation.registered_repositories}
+    ):
+        return
+    if Pool.objects.filter(repository__iexact=repo).exists():
+        return
+    forget_registered_repository(installation.pk, repo)
+
+
+def _reap_target(client, target: dict[str, str], report: ReapReport, gid: int) -> int:
+    """List one target's registrations and delete its orphans; how many registrations of
+    ours are left there (kept busy or explained). RateLimited propagates."""
     where = next(iter(target.values()))
     registrations = client.list_runners(**target)
+    ours_left = 0
     # Rows are read after the list, so a runner written while the list was in flight counts.
     for reg in registrations:
         if not isinstance(reg, dict):
@@ -113,9 +139,11 @@ def _reap_target(client, target: dict[str, str], report: ReapReport, gid: int) -
             continue
         if reg.get("busy") is not False:
             report.kept_busy.append(label)
+            ours_left += 1
             continue
         if _explained(name, runner_id) or not isinstance(runner_id, int):
             report.kept_explained.append(label)
+            ours_left += 1
             continue
         try:
             answer = client.delete_runner(**target, runner_id=runner_id)
@@ -123,9 +151,11 @@ def _reap_target(client, target: dict[str, str], report: ReapReport, gid: int) -
             raise
         except GitHubError as exc:
             report.errors.setdefault(gid, []).append(str(exc))
+            ours_left += 1  # not known to be gone
             continue
         if answer == "busy":
             report.kept_busy.append(label)
+            ours_left += 1
         elif answer == "gone":
             report.gone.append(label)
         else:
@@ -142,6 +172,7 @@ def _reap_target(client, target: dict[str, str], report: ReapReport, gid: int) -
                 },
             )
             log.info("reap: deleted orphan registration %s (id %s) at %s", name, runner_id, where)
+    return ours_left
 
 
 def reap_step(
@@ -178,7 +209,8 @@ def reap_step(
         try:
             for target in _targets(installation, client):
                 try:
-                    _reap_target(client, target, report, gid)
+                    ours_left = _reap_target(client, target, report, gid)
+                    _forget_if_done(installation, target, ours_left)
                 except RateLimited:
                     raise
                 except GitHubError as exc:

@@ -24,6 +24,7 @@ from django.utils import timezone
 from fleet.agent.backends.resources import allocatable, given
 from fleet.models import Host
 from fleet.states import HostHealth
+from fleet.throttling import capacity_of, hold_of
 from fleet.wakeups import announce_pending_tasks, notify_host
 from runners import naming
 from runners.actions import (
@@ -33,6 +34,7 @@ from runners.actions import (
     drain_runner,
     fail_runner,
 )
+from runners.actions.installations import note_mint_failure, note_mint_success
 from runners.github.config import get_app
 from runners.github.errors import RateLimited
 from runners.github.labels import runner_labels
@@ -40,6 +42,7 @@ from runners.github.programs import process_program
 from runners.models import NON_EPHEMERAL_UNSUPPORTED, Installation, Job, Pool, Runner
 from runners.poller import stand_down, under_standdown
 from runners.pool_views import read_pools
+from runners.registrations import check_online, deregister_failed, registration_target
 from runners.scheduler import (
     HostView,
     JobView,
@@ -54,8 +57,7 @@ from runners.selectors import unlinked_exits
 from runners.states import JobStatus, RunnerState
 from runners.waits import job_wait_reasons, record_wait_reasons
 from runners.wake import wake_reconcile
-from zoomies_site import metrics
-from zoomies_site.core import leases, registry
+from zoomies_site.core import leases, metrics, registry
 
 log = logging.getLogger("zoomies.reconcile")
 
@@ -77,22 +79,12 @@ def scheduler_settings() -> SchedulerSettings:
         max_start_backoff=registry.get("scheduler.max_start_backoff"),
         max_runner_lifetime=_none_if_zero(registry.get("scheduler.max_runner_lifetime")),
         default_idle_timeout=_none_if_zero(registry.get("scheduler.idle_timeout")),
+        surplus_idle_timeout=_none_if_zero(registry.get("scheduler.surplus_idle_timeout")),
         unlinked_exit_grace=registry.get("scheduler.unlinked_exit_grace"),
     )
 
 
 STARTING = (RunnerState.PROVISIONING, RunnerState.REGISTERING)
-
-
-def registration_target(pool: Pool, installation: Installation) -> dict[str, str]:
-    """Where a pool's runners register at GitHub: its repository, or the organisation."""
-    if pool.repository:
-        return {"repo": pool.repository}
-    if installation.kind == Installation.Kind.REPO:
-        if not installation.repositories:
-            raise RuntimeError(f"installation {installation.account} lists no repository")
-        return {"repo": installation.repositories[0]}
-    return {"org": installation.account}
 
 
 def _deregister(runner: Runner, now: datetime) -> str:
@@ -149,12 +141,21 @@ def _withdraw(app, minted: _Minted, now: datetime) -> str:
     return f"its registration was deleted at GitHub ({answer})"
 
 
+def _seen_state(r: Runner) -> str:
+    """The state the scheduler plans with: an idle runner GitHub has never shown online is
+    still starting (issue 29 item 1), so the provision timeout applies to it and no idle
+    drain counts it as a runner that could take a job."""
+    if r.state == RunnerState.IDLE and r.online_at is None:
+        return RunnerState.REGISTERING
+    return r.state
+
+
 def _runner_view(r: Runner, *, unlinked_exit: bool = False) -> RunnerView:
     return RunnerView(
         id=r.pk,
         pool_id=r.pool_id,
         host_id=r.host_id,
-        state=r.state,
+        state=_seen_state(r),
         created_at=r.created_at,
         state_changed_at=r.state_changed_at,
         finished_at=r.finished_at,
@@ -163,6 +164,8 @@ def _runner_view(r: Runner, *, unlinked_exit: bool = False) -> RunnerView:
         dind=r.pool.dind,
         unlinked_exit=unlinked_exit,
         installation_id=r.installation_id,
+        came_online=r.online_at is not None,
+        lent_mb=r.lent_memory_mb,
     )
 
 
@@ -189,10 +192,14 @@ def build_snapshot(now: datetime) -> Snapshot:
             backends=tuple(h.backends or ()),
             platform=h.platform or None,
             labels=tuple(sorted((str(k), str(v)) for k, v in (h.labels or {}).items())),
-            capacity=h.capacity,
+            # HOST-14, HOST-18: the slots its throttle leaves.
+            capacity=capacity_of(h),
             # BACK-07: the machine less its reserve, the same figures the agent divides.
             cpus=_allocatable(h)[0],
             memory_mb=_allocatable(h)[1],
+            # HOST-13: a fresh sample acutely short of CPU or memory holds new starts.
+            hold_reason=hold_of(h, now),
+            pressure_hold=bool(hold_of(h, now)),
         )
         for h in Host.objects.order_by("pk")
     )
@@ -283,7 +290,11 @@ class InstallationChooser:
             self.remaining[pool_id] = queue
 
     def _usable(self, installation: Installation | None) -> bool:
-        return installation is not None and not under_standdown(installation, self.now)
+        return (
+            installation is not None
+            and not under_standdown(installation, self.now)
+            and not _minting_held(installation, self.now)
+        )
 
     def choose(self, pool: Pool) -> tuple[Installation | None, str]:
         """An installation, or None and the reason there is none."""
@@ -310,13 +321,23 @@ class InstallationChooser:
                 return inst, ""
         return None, f"{pool.name}: no GitHub installation to register runners in"
 
-    @staticmethod
-    def _standdown_reason(pool: Pool, inst: Installation) -> str:
+    def _standdown_reason(self, pool: Pool, inst: Installation) -> str:
+        if _minting_held(inst, self.now):
+            return (
+                f"{pool.name}: minting for installation {inst.account} failed "
+                f"{inst.mint_failures} time(s) ({inst.mint_error}); next try at "
+                f"{inst.mint_retry_at:%H:%M:%S}"
+            )
         # The stand-down belongs to the installation: minting spends the same quota.
         return (
             f"{pool.name}: installation {inst.account} is rate limited until "
             f"{inst.standdown_until:%H:%M:%S}"
         )
+
+
+def _minting_held(installation: Installation, now: datetime) -> bool:
+    """Issue 21 item 5: after failed mints the installation's next try waits its backoff."""
+    return installation.mint_retry_at is not None and now < installation.mint_retry_at
 
 
 @dataclass
@@ -392,15 +413,23 @@ def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> A
     report = ApplyReport()
     for fail in plan.fails:
         runner = Runner.objects.filter(pk=fail.runner_id).first()
+        if runner is None:
+            continue
         # Only a runner still starting is failed by the provision timeout: one that came
-        # online since the snapshot was taken is left alone.
-        if (
-            runner
-            and fail_runner(
-                runner, now=now, actor=ACTOR, message=fail.reason, expected_from=STARTING
-            ).changed
-        ):
-            report.failed.append(fail.reason)
+        # online since the snapshot was taken is left alone. Idle by its process's word
+        # alone is still starting (issue 29 item 1); the online check runs in this same
+        # pass, under the same lease, so it cannot stamp the runner between here and there.
+        starting = STARTING if runner.online_at else (*STARTING, RunnerState.IDLE)
+        reason = fail.reason
+        if runner.state in (RunnerState.REGISTERING, RunnerState.IDLE):
+            started = "process was running" if runner.phase == "running" else "workload started"
+            reason += (
+                f"; its {started} but GitHub never showed its registration online "
+                "(can the runner reach GitHub?)"
+            )
+        failed = fail_runner(runner, now=now, actor=ACTOR, message=reason, expected_from=starting)
+        if failed.changed:
+            report.failed.append(reason)
     for drain in plan.drains:
         runner = Runner.objects.filter(pk=drain.runner_id).first()
         if runner is None or runner.state != RunnerState.IDLE:
@@ -475,10 +504,14 @@ def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> A
                 until = stand_down(inst, exc, now=now, by="reconcile")
                 report.skipped.append(f"{pool.name}: rate limited by GitHub until {until:%H:%M:%S}")
                 continue
-            except Exception as exc:  # a refused mint skips this create; the next pass retries
+            except Exception as exc:  # a refused mint skips this create; a later pass retries
                 report.skipped.append(f"{pool.name}: could not mint a runner credential: {exc}")
-                log.warning("%s: could not mint a runner credential: %s", pool.name, exc)
+                # Once per change, not per try (issue 21 item 5): the problems list says it.
+                if note_mint_failure(inst, error=str(exc), now=now):
+                    log.warning("%s: could not mint a runner credential: %s", pool.name, exc)
                 continue
+            if note_mint_success(inst):
+                log.warning("installation %s: minting works again", inst.account)
             try:
                 can = (limits.get(create.host_id) or {}).get(pool.backend) or ()
                 runner = create_runner(_new_runner(minted, image, can), now=now, actor=ACTOR)
@@ -505,12 +538,19 @@ def _notify_hosts(host_ids: set[int]) -> None:
 def reconcile_once(now: datetime) -> ApplyReport:
     """One decide-and-apply, without the lease (callers hold it)."""
     with metrics.RECONCILE_SECONDS.time():
+        app = get_app()
+        # Issue 29 item 1: GitHub's word on which new runners are online, before deciding.
+        checked = check_online(now, app) if app is not None else []
         snapshot = build_snapshot(now)
         plan = decide(snapshot)
         report = apply_plan(plan, now, snapshot)
         # Issue 8 item 2: why each queued job still has no runner, where the API shows it.
         record_wait_reasons(job_wait_reasons(snapshot, plan, report.skipped), now)
-    for line in report.created + report.failed + report.drained + report.skipped:
+        # Issue 29 item 4: a failed runner's registration goes now (this pass's fails too).
+        deregistered = deregister_failed(now, app) if app is not None else []
+    for line in checked + report.created + report.failed + report.drained + report.skipped:
+        log.info("reconcile: %s", line)
+    for line in deregistered:
         log.info("reconcile: %s", line)
     return report
 

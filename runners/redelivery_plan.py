@@ -26,6 +26,11 @@ REDELIVERY_WINDOW = timedelta(days=3)
 # so one listed late is still read. Several times the timeout; re-reading costs nothing.
 OVERLAP = timedelta(minutes=5)
 
+# What the webhook answers a delivery it cannot read (a missing header, a body that is no
+# delivery): decided by the delivery's own bytes, which a redelivery sends unchanged. A 401
+# (a secret since rotated) or a 5xx may go through another time; a 400 never will.
+REFUSED_AS_MALFORMED = 400
+
 ASK = "ask"
 SKIP = "skip"
 DEFER = "defer"  # would be asked, but this pass's bound is reached: the next pass asks
@@ -178,6 +183,9 @@ def _decide(
     if delivery.ok:
         return SKIP, f"delivered: GitHub says OK ({delivery.status_code})"
     failed = f"GitHub says {delivery.status!r} ({delivery.status_code})"
+    if delivery.status_code == REFUSED_AS_MALFORMED:
+        # Issue 29 item 4: the webhook refused these very bytes; the same ones again would be.
+        return SKIP, f"{failed}: Zoomies refused it as malformed, and would refuse it again"
     if delivery.guid in snapshot.succeeded:
         return SKIP, f"{failed}, but another attempt of it succeeded"
     if delivery.guid in snapshot.recorded:

@@ -47,6 +47,12 @@ RUNNER_TRANSITIONS = DRAWN_EDGES | {
 }
 
 
+# Issue 21 item 20: the one way back from failed, off the list on purpose. A runner failed
+# only because its host was judged lost, whose returning agent shows it ran on with a job,
+# is busy again; no other failure is undone, and only `transitions.revive_runner` takes it.
+REVIVAL_EDGE = (S.FAILED, S.BUSY)
+
+
 def can_transition(current: str, new: str) -> bool:
     """A repeated state is legal (RUN-07); otherwise the edge must be on the list."""
     return current == new or (current, new) in RUNNER_TRANSITIONS

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Value
@@ -17,8 +18,14 @@ from django.db.models.functions import Coalesce
 
 from accounts import audit
 from runners.models import Runner
-from runners.states import TERMINAL_STATES, RunnerState, can_transition, sources_of
-from zoomies_site.events import emit
+from runners.states import (
+    REVIVAL_EDGE,
+    TERMINAL_STATES,
+    RunnerState,
+    can_transition,
+    sources_of,
+)
+from zoomies_site.core.events import emit
 
 log = logging.getLogger("zoomies.runners")
 
@@ -41,7 +48,7 @@ def transition_runner(
     actor: str,
     reason: str = "",
     message: str | None = None,
-    extra: dict | None = None,
+    extra: dict[str, Any] | None = None,
     expected_from: Iterable[str] | None = None,
 ) -> TransitionResult:
     """Move a runner to `new_state` if the allow-list permits it from its current state.
@@ -51,7 +58,8 @@ def transition_runner(
     be drained by it (nothing the scheduler decides touches a busy runner, SCHED-20).
 
     A repeated state changes nothing, not even `state_changed_at` (the idle clock, RUN-07).
-    `finished_at` is stamped once, on the first terminal entry (RUN-09). `message` is kept
+    `finished_at` is stamped once, on the first terminal entry (RUN-09), `failed_at` on the
+    first failure and `online_at` on the first job (issue 29 item 1). `message` is kept
     when given (a failure's reason is the only record of why it failed).
     """
     new_state = RunnerState(new_state)
@@ -75,7 +83,13 @@ def transition_runner(
         # RUN-04: an ephemeral runner's one job is its last; it never goes back to idle.
         ephemeral_reuse = ephemeral and (current, new_state) == (RunnerState.BUSY, RunnerState.IDLE)
         if ephemeral_reuse or not can_transition(current, new_state):
-            log.warning(
+            # A runner that has already ended (removed, failed) being asked to move again is
+            # an expected race (a drain decided a moment before the exit was reported): a
+            # debug line. Any other illegal edge is a bug worth a warning (issue 21 item 21:
+            # `removed -> draining` was 69 warnings in one burst of 200).
+            level = logging.DEBUG if current in TERMINAL_STATES else logging.WARNING
+            log.log(
+                level,
                 "runner %s: dropped illegal transition %s -> %s (%s)",
                 runner_id,
                 current,
@@ -83,11 +97,16 @@ def transition_runner(
                 reason or actor,
             )
             return TransitionResult(False, current, current, dropped=True)
-        fields: dict = {"state": new_state, "state_changed_at": now, **(extra or {})}
+        fields: dict[str, Any] = {"state": new_state, "state_changed_at": now, **(extra or {})}
         if message is not None:
             fields["message"] = message
         if new_state in TERMINAL_STATES:
             fields["finished_at"] = Coalesce("finished_at", Value(now))
+        if new_state == RunnerState.FAILED:
+            fields["failed_at"] = Coalesce("failed_at", Value(now))
+        if new_state == RunnerState.BUSY:
+            # GitHub gave it a job: it is online, whatever the online check last saw.
+            fields["online_at"] = Coalesce("online_at", Value(now))
         # The guard repeats the allow-list in SQL: a concurrent writer that moved the row
         # since the read above makes this count 0 instead of forcing an edge.
         moved = Runner.objects.filter(
@@ -96,12 +115,56 @@ def transition_runner(
         if not moved:
             latest = Runner.objects.filter(pk=runner_id).values_list("state", flat=True).first()
             return TransitionResult(False, current, latest)
-        audit.record(
-            actor=actor,
-            action=f"runner.{new_state}",
-            target=Runner(pk=runner_id),
-            detail={"from": current, "to": new_state, "reason": reason},
-            at=now,
-        )
-        emit(f"runner.{new_state}", Runner(pk=runner_id), at=now)
+        _record_move(runner_id, current, new_state, now=now, actor=actor, reason=reason)
     return TransitionResult(True, current, new_state)
+
+
+def revive_runner(
+    runner_id: int,
+    *,
+    failed_message_prefix: str,
+    now: datetime,
+    actor: str,
+    reason: str,
+    message: str = "",
+) -> TransitionResult:
+    """Failed -> busy, only for a runner whose failure message starts with
+    `failed_message_prefix` (issue 21 item 20: "host h1 lost: ", the one failure a returning
+    host can prove wrong). `REVIVAL_EDGE` is off the allow-list, so `transition_runner` can
+    never take it; this compare-and-set is guarded on the state and the message together, so
+    a runner failed again since for any other reason stays failed.
+
+    The failure's marks go with it: `finished_at` and `failed_at` (the pool's failed-start
+    count must not count a runner that ran its job), and the message is replaced.
+    """
+    current, new_state = REVIVAL_EDGE
+    with transaction.atomic():
+        moved = Runner.objects.filter(
+            pk=runner_id, state=current, message__startswith=failed_message_prefix
+        ).update(
+            state=new_state,
+            state_changed_at=now,
+            message=message,
+            finished_at=None,
+            failed_at=None,
+            online_at=Coalesce("online_at", Value(now)),
+        )
+        if not moved:
+            latest = Runner.objects.filter(pk=runner_id).values_list("state", flat=True).first()
+            return TransitionResult(False, latest, latest)
+        _record_move(runner_id, current, new_state, now=now, actor=actor, reason=reason)
+    return TransitionResult(True, current, new_state)
+
+
+def _record_move(
+    runner_id: int, current: str, new_state: str, *, now: datetime, actor: str, reason: str
+) -> None:
+    """A move's audit row and event, in the moving transaction (both edges write them)."""
+    audit.record(
+        actor=actor,
+        action=f"runner.{new_state}",
+        target=Runner(pk=runner_id),
+        detail={"from": current, "to": new_state, "reason": reason},
+        at=now,
+    )
+    emit(f"runner.{new_state}", Runner(pk=runner_id), at=now)

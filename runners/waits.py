@@ -20,7 +20,7 @@ from runners.models import Job
 from runners.scheduler import Plan, Snapshot, assign_jobs
 from runners.scheduler.model import AVAILABLE_STATES
 from runners.states import JobStatus
-from zoomies_site.events import emit_many
+from zoomies_site.core.events import emit_many
 
 MAX_REASON = 500
 _CHUNK = 500  # ids per UPDATE, well inside every database's limit on parameters
@@ -39,7 +39,8 @@ def job_wait_reasons(snapshot: Snapshot, plan: Plan, skipped: Sequence[str] = ()
     pools = {pool.id: pool for pool in snapshot.pools}
     by_pool = assign_jobs(snapshot.queued_jobs, snapshot.pools)
     notes: dict[int, list[str]] = {}
-    for item in (*plan.blocked, *plan.waits, *plan.demand):
+    # A backoff first: it holds every start of the pool, a cap only those beyond it.
+    for item in (*plan.waits, *plan.blocked, *plan.demand):
         notes.setdefault(item.pool_id, []).append(item.reason)
     creating = {create.pool_id for create in plan.creates}
     pool_names = {pool.name for pool in snapshot.pools}

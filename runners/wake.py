@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.db import transaction
 
-from zoomies_site import metrics
+from zoomies_site.core import metrics
+from zoomies_site.core.faultlog import FaultLog
 from zoomies_site.core.leases import claim_flag, clear_flag
 
 log = logging.getLogger("zoomies.runners")
+_faults = FaultLog(log, "a reconcile wake")
 
 WAKE_FLAG = "reconcile.wake"
 
@@ -43,9 +46,19 @@ def wake_reconcile() -> None:
                 return  # a pass is already queued and has not started: it will see this change
             from django_q.tasks import async_task  # noqa: PLC0415  # django-q2's models need the apps loaded
 
-            async_task(
-                "runners.tasks.reconcile_task", group="reconcile", q_options={"timeout": 300}
-            )
+            def enqueue() -> None:
+                async_task(
+                    "runners.tasks.reconcile_task", group="reconcile", q_options={"timeout": 300}
+                )
+
+            if settings.Q_CLUSTER.get("orm"):
+                enqueue()  # the ORM broker's row commits with the claim
+            else:
+                # A Redis queue is not in the transaction: the task must not start before
+                # the claim it clears has committed.
+                transaction.on_commit(enqueue)
         metrics.RECONCILE_WAKES.labels("enqueued").inc()
-    except Exception:  # a wake must never fail the request that asked for it
-        log.exception("could not enqueue a reconcile pass")
+    except Exception as exc:  # a wake must never fail the request that asked for it
+        _faults.failed(exc)
+    else:
+        _faults.worked()

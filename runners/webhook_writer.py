@@ -9,11 +9,17 @@ burst, not once per delivery (docs/performance.md has the profile); with one del
 time it is the same single transaction as before.
 
 Nothing is answered 2xx before its transaction has committed: a delivery is never lost
-once answered 2xx. A delivery not answered within the budget gets a 503 and stays queued:
-it is still recorded if the database comes back, and GitHub's redelivery of it is then a
-duplicate (HOOK-02). The thread keeps its database connection between bursts (it is ours,
-not one of Django's request threads, which Django closes after each request); it closes it
-on any database error and when stopped.
+once answered 2xx. Nor is one answered 503 recorded afterwards (issue 21 item 19: under a
+long write lock 41 of 42 deliveries answered 503 were recorded once it lifted, so GitHub's
+log showed failures that had gone through, and one was lost). Each delivery carries the
+time its answer is due; the writer bounds its wait for the database by that time (SQLite's
+busy timeout, PostgreSQL's lock and statement timeouts), answers a delivery it reaches too
+late with 503 without writing it, and the route waits a little past the due time for the
+writer's own answer, cancelling a delivery the writer has not begun. So a 503 means "not
+recorded": GitHub's redelivery (the operator's, or the hook-deliveries sweep) records it.
+The thread keeps its database connection between bursts (it is ours, not one of Django's
+request threads, which Django closes after each request); it closes it on any database
+error and when stopped.
 """
 
 from __future__ import annotations
@@ -23,15 +29,22 @@ import queue
 import threading
 import time
 from concurrent.futures import Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    connections,
+    transaction,
+)
 
 from runners import webhooks
 from runners.github.config import webhook_max_body, webhook_secrets
-from zoomies_site import metrics
+from zoomies_site.core import metrics
 from zoomies_site.core.registry import CACHE_SECONDS
 
 log = logging.getLogger("zoomies.webhooks")
@@ -44,6 +57,13 @@ BUSY = webhooks.Outcome(
     503, {"error": "the database is busy; the delivery was not recorded in time, redeliver it"}
 )
 FAILED = webhooks.Outcome(500, {"error": "the delivery could not be processed"})
+# The route waits this much past a delivery's due time for the writer's own answer: the
+# writer has stopped waiting for the database by then, but a commit may be finishing.
+LATE_GRACE = 2.0
+# The latest a route answers, whatever the writer does: GitHub gives up after 10 s.
+LAST_ANSWER = 9.0
+# A delivery the writer reaches with less time than this left is not begun: answered 503.
+MIN_WRITE_SECONDS = 0.05
 # The most deliveries one transaction takes: a burst larger than this is written in several,
 # so no single transaction holds SQLite's write lock for long.
 MAX_BURST = 64
@@ -60,6 +80,13 @@ class Request:
     signature: str | None
     received_at: datetime
     max_body: int
+    # time.monotonic() by which the delivery is answered; the writer writes it by then or not
+    # at all. By default the budget from now (the routes pass their own).
+    answer_by: float = field(default_factory=lambda: time.monotonic() + ANSWER_BUDGET)
+
+
+class TooLate(OperationalError):
+    """The delivery's answer was due before the database took it: answered 503, unwritten."""
 
 
 _STOP = object()
@@ -122,6 +149,13 @@ class Writer:
         items = [
             (request, future) for request, future in items if future.set_running_or_notify_cancel()
         ]
+        now = time.monotonic()
+        late = [(r, f) for r, f in items if r.answer_by - now < MIN_WRITE_SECONDS]
+        for _, future in late:
+            future.set_exception(TooLate("its answer was due before the database took it"))
+        items = [(r, f) for r, f in items if r.answer_by - now >= MIN_WRITE_SECONDS]
+        if not items:
+            return
         try:
             secrets = webhook_secrets()
             remember_max_body(webhook_max_body())
@@ -143,8 +177,9 @@ class Writer:
                 to_record.append((checked, future))
         if not to_record:
             return
+        answer_by = min(request.answer_by for request, _ in items)
         try:
-            answers = _record([delivery for delivery, _ in to_record])
+            answers = _record([delivery for delivery, _ in to_record], answer_by=answer_by)
         except Exception as exc:
             for _, future in to_record:
                 future.set_exception(exc)
@@ -168,14 +203,18 @@ def _check(request: Request, secrets: list[str]) -> webhooks.Outcome | webhooks.
     )
 
 
-def _record(deliveries: list[webhooks.Delivery]) -> list[webhooks.Outcome | Exception]:
+def _record(
+    deliveries: list[webhooks.Delivery], *, answer_by: float
+) -> list[webhooks.Outcome | Exception]:
     """`webhooks.record` on this thread's kept connection, and once more on a fresh one if
     that failed on a connection kept from an earlier burst (a PostgreSQL server restarted
-    since, or SQLite's busy timeout run out: then the burst waits once more, already
-    answered 503, rather than being dropped)."""
+    since) and time is left. Either try waits for the database only until `answer_by`."""
     kept = any(conn.connection is not None for conn in connections.all(initialized_only=True))
     try:
+        _bound_database_waits(answer_by)
         return webhooks.record(deliveries)
+    except TooLate:
+        raise
     except (OperationalError, InterfaceError) as exc:
         _close_connections()
         if not kept:
@@ -187,10 +226,31 @@ def _record(deliveries: list[webhooks.Delivery]) -> list[webhooks.Outcome | Exce
         _close_connections()
         raise
     try:
+        _bound_database_waits(answer_by)
         return webhooks.record(deliveries)
     except DatabaseError:
         _close_connections()
         raise
+
+
+def _bound_database_waits(answer_by: float) -> None:
+    """This thread's connection waits for locks (and runs a statement) no longer than until
+    `answer_by`; TooLate if that has passed. The connection is the writer's alone, so the
+    setting stays with it and is simply set again for the next burst."""
+    left = answer_by - time.monotonic()
+    if left < MIN_WRITE_SECONDS:
+        raise TooLate("its answer was due before the database took it")
+    connection.ensure_connection()
+    millis = max(int(left * 1000), 1)
+    if connection.vendor == "sqlite":
+        connection.connection.execute(f"PRAGMA busy_timeout = {millis}")
+    elif connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('lock_timeout', %s, false),"
+                " set_config('statement_timeout', %s, false)",
+                [f"{millis}ms", f"{millis}ms"],
+            )
 
 
 def _close_connections() -> None:
@@ -239,12 +299,25 @@ def settle(future: Future[webhooks.Outcome], delivery_id: str | None) -> webhook
     return outcome
 
 
-def busy(delivery_id: str | None) -> webhooks.Outcome:
-    """The 503 for a delivery not recorded within the budget (it stays queued)."""
-    log.warning("webhook delivery %s answered 503: not recorded within %.0f s",
-                delivery_id, ANSWER_BUDGET)  # fmt: skip
+def busy(delivery_id: str | None, *, unknown: bool = False) -> webhooks.Outcome:
+    """The 503 for a delivery not recorded within the budget. `unknown`: the writer was
+    still inside its transaction at the last moment to answer (a commit stuck past every
+    bound), so it may yet be recorded; a redelivery is then a duplicate (HOOK-02)."""
+    if unknown:
+        log.error("webhook delivery %s answered 503 while its write was still in progress: "
+                  "it may yet be recorded", delivery_id)  # fmt: skip
+    else:
+        log.warning("webhook delivery %s answered 503: not recorded within %.0f s",
+                    delivery_id, ANSWER_BUDGET)  # fmt: skip
     metrics.webhook_delivery(BUSY.status, BUSY.body)
     return BUSY
+
+
+def past_due(future: Future[webhooks.Outcome]) -> bool:
+    """A route's wait ran past the due time and the grace: True if the delivery was never
+    begun and is now withdrawn (answer 503, it will not be written); False if the writer
+    holds it (wait for its answer)."""
+    return future.cancel()
 
 
 def answer(request: Request) -> webhooks.Outcome:
@@ -257,9 +330,14 @@ def answer(request: Request) -> webhooks.Outcome:
     if transaction.get_connection().in_atomic_block:
         return _inline(request)
     future = submit(request)
-    done, _ = wait([future], timeout=ANSWER_BUDGET)
+    done, _ = wait([future], timeout=request.answer_by - time.monotonic() + LATE_GRACE)
     if not done:
-        return busy(request.delivery_id)
+        if past_due(future):
+            return busy(request.delivery_id)
+        last = request.answer_by - ANSWER_BUDGET + LAST_ANSWER
+        done, _ = wait([future], timeout=max(last - time.monotonic(), 0))
+        if not done:
+            return busy(request.delivery_id, unknown=True)
     return settle(future, request.delivery_id)
 
 

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from accounts import audit
 from runners.actions import JobUpdate, apply_job_update, normalise_status
+from runners.actions import installations as installation_actions
 from runners.models import Installation, WebhookDelivery
 from runners.states import JobStatus
 from runners.wake import wake_reconcile
@@ -200,9 +201,9 @@ def job_update_from_github(
 def workflow_job_update(payload: Mapping[str, Any]) -> JobUpdate | None:
     """A `workflow_job` delivery as a `JobUpdate`, or None for an action we do not act on.
 
-    The action decides the status when it names one; otherwise `workflow_job.status` does
-    (requested/pending count as queued). New actions GitHub adds are acknowledged and
-    ignored rather than refused.
+    The action decides the status. An action we do not know (one GitHub adds) is
+    acknowledged and ignored rather than refused, and its `workflow_job.status` is not read
+    in its place (issue 29 item 4: it made a job row of whatever that said).
     """
     job = payload.get("workflow_job")
     if not isinstance(job, dict):
@@ -211,8 +212,8 @@ def workflow_job_update(payload: Mapping[str, Any]) -> JobUpdate | None:
     if repository is None:
         raise BadPayload("repository.full_name is missing")
     action = payload.get("action")
-    status = action if action in STATUS_ACTIONS else job.get("status")
-    if not isinstance(status, str) or normalise_status(status) is None:
+    status = action if action in STATUS_ACTIONS else None
+    if status is None:
         # Validate the rest anyway, so a broken body is a 400 whatever its action.
         job_update_from_github(job, repository=repository, status="queued")
         return None
@@ -261,9 +262,10 @@ def owning_installation(payload: Mapping[str, Any]) -> Installation | None:
     """
     github_id = _installation_id(payload)
     if github_id is not None:
-        found = Installation.objects.filter(github_id=github_id).first()
-        if found is not None:
-            return found
+        # An App delivery names its installation: one not configured here is nobody's, and
+        # never the installation whose account happens to own a repository of that name
+        # (issue 29 item 2: another installation's pool minted a runner for it).
+        return Installation.objects.filter(github_id=github_id).first()
     repository = _repository_name(payload)
     if repository is None:
         return None
@@ -306,8 +308,9 @@ def _repo_names(items: Any) -> list[str]:
 def _installation_event(event: str, payload: Mapping[str, Any], now: datetime) -> None:
     """Keep the Installation row in step with `installation` / `installation_repositories`.
 
-    Only additions: a new installation's row, and repositories added or removed. Deletion and
-    suspension are left to the operator, who sees them in GitHub.
+    A new installation's row, repositories added or removed, and an installation deleted or
+    suspended at GitHub: kept as removed (inactive, its pools paused, no more calls for it),
+    audited, and named in the problems list (issue 29 item 3).
     """
     inst = payload.get("installation")
     github_id = _installation_id(payload)
@@ -325,39 +328,31 @@ def _installation_event(event: str, payload: Mapping[str, Any], now: datetime) -
             if account.get("type") == "Organization"
             else Installation.Kind.REPO
         )
-        row, created = Installation.objects.get_or_create(
-            github_id=github_id,
-            defaults={
-                "account": login[:200],
-                "kind": kind,
-                "repositories": _repo_names(payload.get("repositories")),
-            },
-        )
-        if created:
-            audit.record(
-                actor=ACTOR,
-                action="installation.created",
-                target=row,
-                detail={"account": login, "kind": kind},
-                at=now,
-            )
+        try:
+            installation_actions.add_installation(
+                github_id=github_id, account=login[:200], kind=kind,
+                repositories=_repo_names(payload.get("repositories")), actor=ACTOR, now=now,
+                only_new=True,
+            )  # fmt: skip
+        except ValidationError as exc:
+            log.warning("installation %s from GitHub not recorded: %s", github_id, exc)
+    elif event == "installation" and action in ("deleted", "suspend"):
+        row = Installation.objects.filter(github_id=github_id).first()
+        if row is not None:
+            why = "uninstalled at GitHub" if action == "deleted" else "suspended at GitHub"
+            installation_actions.remove_installation(row, actor=ACTOR, now=now, why=why)
     elif event == "installation_repositories" and action in ("added", "removed"):
-        row = Installation.objects.select_for_update().filter(github_id=github_id).first()
+        row = Installation.objects.filter(github_id=github_id).first()
         if row is None:
             return
         added = _repo_names(payload.get("repositories_added"))
-        removed = {r.lower() for r in _repo_names(payload.get("repositories_removed"))}
-        repos = [r for r in (row.repositories or []) if str(r).lower() not in removed]
-        repos += [r for r in added if r.lower() not in {str(x).lower() for x in repos}]
-        if repos != row.repositories:
-            Installation.objects.filter(pk=row.pk).update(repositories=repos)
-            audit.record(
-                actor=ACTOR,
-                action="installation.repositories",
-                target=row,
-                detail={"added": added, "removed": sorted(removed)},
-                at=now,
-            )
+        removed = _repo_names(payload.get("repositories_removed"))
+        installation_actions.change_repositories(
+            row, added=added, removed=removed, actor=ACTOR, now=now
+        )
+        if removed:
+            # Issue 29 item 3: the pools registering there are paused, the reap forgets them.
+            installation_actions.repositories_removed(row, removed, actor=ACTOR, now=now)
 
 
 # -- the endpoint's logic ----------------------------------------------------------------------
@@ -500,6 +495,15 @@ def _record_one(delivery: Delivery, burst: _Burst) -> Outcome:
             WebhookDelivery.objects.filter(pk=row.pk).update(installation=installation)
     if installation is not None:
         burst.saw(installation, now)
+    unknown = _installation_id(payload) if installation is None else None
+    if delivery.update is not None and unknown is not None:
+        log.info("webhook %s: installation %s is not configured here; the job is not ours",
+                 delivery.delivery_id, unknown)  # fmt: skip
+        return Outcome(
+            200,
+            {"ok": True, "delivery": delivery.delivery_id, "event": event,
+             "ignored": f"installation {unknown} is not configured here"},
+        )  # fmt: skip
     if delivery.update is not None:
         apply_job_update(
             delivery.update, installation=installation, now=now, source="webhook", actor=ACTOR

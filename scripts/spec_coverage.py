@@ -1,13 +1,18 @@
 #!/usr/bin/env python
 """Write docs/spec-coverage.md: every requirement ID (docs/requirements.md) and its tests.
 
-A test proves an ID by naming it in its name (`test_run07_...`) or its docstring
-(`RUN-07: ...`). `--check` exits 1 when the file on disk is out of date.
+A test proves an ID by naming it in its name (`test_run07_...`) or in the first line of its
+docstring (`RUN-07: ...`); an ID met only further down a docstring is context, not a claim.
+Where the spec's own numbered list is given (ZOOMIES_SPEC_IDS, the path of that file), its
+IDs must be docs/requirements.md's. The IDs whose every test asserts only constants (a table
+of figures, no behaviour run) are printed: such a test pins a number, it proves nothing
+happens. `--check` exits 1 when the file on disk is out of date or the two lists disagree.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 import sys
 from collections import defaultdict
@@ -15,6 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = ROOT / "docs" / "requirements.md"
+# The spec's own numbered list, when this checkout is beside it (not part of the repository).
+SPEC_IDS = Path(os.environ.get("ZOOMIES_SPEC_IDS") or "/nonexistent")
 OUT = ROOT / "docs" / "spec-coverage.md"
 ID_LINE = re.compile(r"^- \*\*([A-Z]+)-(\d+)\*\* \((\w+)\) (.*)$")
 # `test_run07_...` or `test_conf_01_...`: a prefix, an optional underscore, two digits.
@@ -22,15 +29,44 @@ NAME_ID = re.compile(r"(?<![a-z])([a-z]+)_?(\d{2})(?=_|$)")
 DOC_ID = re.compile(r"\b([A-Z]{2,6})-(\d{2})\b")
 
 
-def requirement_ids() -> list[tuple[str, str, str]]:
-    """(ID, owner app, statement) in the order docs/requirements.md lists them."""
+def requirement_ids(path: Path = REQUIREMENTS) -> list[tuple[str, str, str]]:
+    """(ID, owner app, statement) in the order `path` lists them."""
     ids = []
-    for line in REQUIREMENTS.read_text().splitlines():
+    for line in path.read_text().splitlines():
         match = ID_LINE.match(line)
         if match:
             prefix, number, app, text = match.groups()
             ids.append((f"{prefix}-{number}", app, text))
     return ids
+
+
+# Calls a test may make and still only read constants: nothing of the product runs.
+CONSTANT_CALLS = {"get", "len", "timedelta", "isinstance", "set", "sorted", "list", "tuple",
+                  "float", "int", "str", "frozenset", "getattr", "approx"}  # fmt: skip
+
+
+def asserts_only_constants(node: ast.AST) -> bool:
+    """True for a test whose body is assignments and asserts calling nothing but readers
+    (registry.get, len, timedelta, ...) and which takes no fixture: it pins figures."""
+    if isinstance(node, ast.ClassDef) or not isinstance(
+        node, ast.FunctionDef | ast.AsyncFunctionDef
+    ):
+        return False
+    if node.args.args or node.decorator_list:
+        return False
+    body = node.body[1:] if ast.get_docstring(node) else node.body
+    if not body or not all(isinstance(stmt, ast.Assert | ast.Assign) for stmt in body):
+        return False
+    for call in (n for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Call)):
+        name = (
+            call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+        )
+        if name not in CONSTANT_CALLS:
+            return False
+    return True
+
+
+CONSTANT_ONLY: set[str] = set()  # "path::name" of each test asserts_only_constants holds for
 
 
 def tests_by_id(known: set[str]) -> dict[str, set[str]]:
@@ -46,12 +82,18 @@ def tests_by_id(known: set[str]) -> dict[str, set[str]]:
             ids = set()
             for prefix, number in NAME_ID.findall(node.name):
                 ids.add(f"{prefix.upper()}-{number}")
-            doc = ast.get_docstring(node) or ""
-            for prefix, number in DOC_ID.findall(doc):
+            first_line = (ast.get_docstring(node) or "").strip().split("\n", 1)[0]
+            for prefix, number in DOC_ID.findall(first_line):
                 ids.add(f"{prefix}-{number}")
             for test_id in ids & known:
                 found[test_id].add(f"`{rel}::{node.name}`")
+            if asserts_only_constants(node):
+                CONSTANT_ONLY.add(f"`{rel}::{node.name}`")
     return found
+
+
+def constant_only_ids(found: dict[str, set[str]]) -> list[str]:
+    return sorted(i for i, tests in found.items() if tests and tests <= CONSTANT_ONLY)
 
 
 def render() -> str:
@@ -76,15 +118,39 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
+def checklist_disagrees() -> str:
+    """Why docs/requirements.md and the spec's own list name different IDs, or ""."""
+    if not SPEC_IDS.is_file():
+        return ""  # a checkout on its own: docs/requirements.md is the list
+    ours = {i for i, _, _ in requirement_ids()}
+    spec = {i for i, _, _ in requirement_ids(SPEC_IDS)}
+    if ours == spec:
+        return ""
+    return (
+        f"docs/requirements.md and {SPEC_IDS} disagree: only ours {sorted(ours - spec)}, "
+        f"only the spec's {sorted(spec - ours)}"
+    )
+
+
 def main() -> int:
     text = render()
+    disagreement = checklist_disagrees()
     if "--check" in sys.argv:
+        if disagreement:
+            print(disagreement)
+            return 1
         if not OUT.exists() or OUT.read_text() != text:
             print("docs/spec-coverage.md is out of date: run scripts/spec_coverage.py")
             return 1
         return 0
     OUT.write_text(text)
     print(next(line for line in text.splitlines() if " IDs have " in line))
+    if disagreement:
+        print(disagreement)
+    ids = {i for i, _, _ in requirement_ids()}
+    constant = constant_only_ids(tests_by_id(ids))
+    print(f"{len(constant)} of them are named only by tests that assert constants: "
+          f"{', '.join(constant) or 'none'}")  # fmt: skip
     return 0
 
 

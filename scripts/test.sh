@@ -21,7 +21,11 @@ echo "== mypy --strict on the pure modules ([tool.mypy] in pyproject.toml)"
 $PY -m pytest -p no:cacheprovider -q --collect-only >/dev/null 2>&1 &
 collect_pid=$!
 .venv/bin/mypy
+echo "== mypy with django-stubs on the actions, both state writers and the views (mypy-django.ini)"
+.venv/bin/mypy --config-file mypy-django.ini
 wait "$collect_pid" || true  # a collection error is reported by the passes themselves
+echo "== import contracts: the floors, the roof, the agent ([tool.importlinter])"
+.venv/bin/lint-imports
 echo "== django checks"
 $PY manage.py check
 $PY manage.py makemigrations --check --dry-run

@@ -20,13 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from accounts import actions as account_actions
-from accounts import sealing
 from accounts.roles import ALL_SCOPES
 from fleet import api as agent_api
 from runners import webhook_writer
 from runners.github import config  # the cached App is built from registry values
-from tests import postgres_databases
-from zoomies_site.core import registry, wakebus
+from tests import leftovers, postgres_databases
+from zoomies_site.core import registry, sealing, wakebus
 
 PASSWORD = "correct horse battery"
 
@@ -187,6 +186,7 @@ class LongGroupsFirst:
 
 def pytest_configure(config):
     config.pluginmanager.register(LongGroupsFirst(), "zoomies-long-groups-first")
+    config.pluginmanager.register(leftovers, "zoomies-leftovers")  # issue 21 item 1
 
 
 def in_a_long_group(item: pytest.Item) -> bool:

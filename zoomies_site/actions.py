@@ -6,10 +6,10 @@ from typing import Any
 
 from django.db import transaction
 
-from accounts import audit, sealing
-from zoomies_site.core import registry
+from accounts import audit
+from zoomies_site.core import registry, sealing
 from zoomies_site.core.findings import Finding
-from zoomies_site.models import SettingValue
+from zoomies_site.core.models import SettingValue
 
 
 class InvalidSetting(ValueError):

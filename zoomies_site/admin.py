@@ -8,7 +8,7 @@ from django.utils.translation import gettext as _
 
 from zoomies_site import actions
 from zoomies_site.core import registry
-from zoomies_site.models import Lease, SettingValue
+from zoomies_site.core.models import Lease, SettingValue
 
 SEALED_SHOWN = "••• sealed"
 UNSEALED_SHOWN = "••• secret, not sealed"

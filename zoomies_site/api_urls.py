@@ -3,6 +3,8 @@
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from capacity import machines_api as machines
+from fleet import provider_setup_api as setups
 from fleet import rest_api as hosts
 from runners import api as runners
 from zoomies_site import api as site
@@ -27,10 +29,27 @@ urlpatterns = [
     path("hosts/<int:pk>/cordon", hosts.HostCordon.as_view(), name="api-host-cordon"),
     path("hosts/<int:pk>/uncordon", hosts.HostUncordon.as_view(), name="api-host-uncordon"),
     path("hosts/<int:pk>/drain", hosts.HostDrain.as_view(), name="api-host-drain"),
+    path("hosts/<int:pk>/check", hosts.HostCheck.as_view(), name="api-host-check"),
     path("join-tokens", hosts.JoinTokenList.as_view(), name="api-join-tokens"),
+    path("machines", machines.MachineList.as_view(), name="api-machines"),
+    path("machines/<int:pk>", machines.MachineDetail.as_view(), name="api-machine"),
+    path(
+        "machines/<int:pk>/release", machines.MachineRelease.as_view(), name="api-machine-release"
+    ),
+    path("providers", machines.ProviderList.as_view(), name="api-providers"),
+    path("providers/<int:pk>", machines.ProviderDetail.as_view(), name="api-provider"),
+    path("provider-setups", setups.ProviderSetupList.as_view(), name="api-provider-setups"),
+    path(
+        "provider-setups/<int:pk>", setups.ProviderSetupDetail.as_view(), name="api-provider-setup"
+    ),
+    path(
+        "provider-setups/<int:pk>/discover",
+        setups.ProviderSetupDiscover.as_view(),
+        name="api-provider-setup-discover",
+    ),
     path("settings", site.SettingList.as_view(), name="api-settings"),
     path("settings/<str:key>", site.SettingDetail.as_view(), name="api-setting"),
-    path("problems", runners.ProblemList.as_view(), name="api-problems"),
+    path("problems", site.ProblemList.as_view(), name="api-problems"),
     path("overview", site.Overview.as_view(), name="api-overview"),
     path("events", EventStream.as_view(), name="api-events"),
     path("schema", SpectacularAPIView.as_view(), name="api-schema"),

@@ -8,6 +8,7 @@ session's CSRF token) or, for settings, a form here; both call the same actions.
 
 from __future__ import annotations
 
+import json
 from functools import wraps
 
 from django.contrib import messages
@@ -22,11 +23,15 @@ from django.views.decorators.http import require_http_methods, require_POST
 from accounts.actors import actor_for
 from accounts.api import AuditFilters
 from accounts.roles import Level, role_level
-from accounts.selectors import audit_rows
+from accounts.selectors import WHO, audit_rows
+from capacity import actions as capacity_actions
 from capacity import selectors as capacity_selectors
 from capacity.api import AttemptSerializer, ProvisionFailuresSerializer, SpawnSerializer
-from fleet.models import JoinToken
+from capacity.machines_api import MachineSerializer, ProviderSerializer, machine_queryset
+from fleet.agent.joining import JOIN_TOKEN_PLACEHOLDER, join_command
+from fleet.models import JoinToken, Machine, MachineProvider
 from fleet.rest_api import HostSerializer, host_queryset
+from fleet.states import MachineState
 from runners.api import JobSerializer, PoolSerializer, RunnerSerializer, runner_queryset
 from runners.models import Job, Pool
 from runners.states import LIVE_STATES, JobStatus
@@ -34,7 +39,7 @@ from zoomies_site import actions
 from zoomies_site.backup import service as backup
 from zoomies_site.backup.api import BackupSerializer
 from zoomies_site.core import registry
-from zoomies_site.events import latest_id
+from zoomies_site.core.events import latest_id
 from zoomies_site.overview import overview
 from zoomies_site.problems import problems
 
@@ -44,6 +49,7 @@ PAGES = [
     ("runners", "Runners"),
     ("jobs", "Jobs"),
     ("hosts", "Hosts"),
+    ("machines", "Machines"),
     ("capacity", "Capacity"),
     ("audit", "Audit"),
     ("settings", "Settings"),
@@ -144,7 +150,18 @@ def jobs_page(request):
 def hosts_page(request):
     rows = HostSerializer(host_queryset().order_by("name")[:ROWS], many=True).data
     tokens = JoinToken.objects.select_related("host").order_by("-pk")[:10]
-    return _page(request, "hosts", {"rows": rows, "tokens": tokens, "data": {"hosts": rows}})
+    context = {
+        "rows": rows,
+        "tokens": tokens,
+        "data": {"hosts": rows},
+        # server.public_url, else the URL this page was reached by (most likely one a new
+        # host can reach too).
+        "join_command": join_command(
+            (registry.get("server.public_url") or request.build_absolute_uri("/")).rstrip("/")
+        ),
+        "join_placeholder": JOIN_TOKEN_PLACEHOLDER,
+    }
+    return _page(request, "hosts", context)
 
 
 @viewer_required
@@ -166,6 +183,65 @@ def capacity_page(request):
     return _page(request, "capacity", {**data, "data": {}})
 
 
+def _age(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    if minutes < 1:
+        return "under a minute"
+    if minutes < 120:
+        return f"{minutes} min"
+    hours = minutes // 60
+    return f"{hours} h" if hours < 48 else f"{hours // 24} d"
+
+
+@viewer_required
+def machines_page(request):
+    """Rented machines (state, provider, age, host, why) and the providers with their
+    limits (issue 23 item 7), from the API's shapes. No machine events exist to follow, so
+    the page is rendered once, as the capacity page is. `?release=<id>` asks an admin to
+    confirm a quarantined machine's release before the form posts it."""
+    now = timezone.now()
+    kept = machine_queryset().exclude(state=MachineState.DELETED).order_by("-pk")[:ROWS]
+    rows = MachineSerializer(kept, many=True, context={"now": now}).data
+    for row in rows:
+        row["age"] = _age(row["age_seconds"])
+    providers = ProviderSerializer(MachineProvider.objects.order_by("name"), many=True).data
+    confirming = next(
+        (
+            row for row in rows
+            if str(row["id"]) == request.GET.get("release")
+            and row["state"] == MachineState.QUARANTINED
+        ),
+        None,
+    )  # fmt: skip
+    context = {"rows": rows, "providers": providers, "confirming": confirming, "data": {}}
+    return _page(request, "machines", context)
+
+
+@require_POST
+@viewer_required
+def machine_release(request, pk: int):
+    """Release a quarantined machine through the action POST /api/v1/machines/<id>/release
+    calls (admins only); without `confirmed` it asks first."""
+    _admin_only(request, "only an admin releases a machine")
+    if request.POST.get("confirmed") != "yes":
+        return redirect(f"{reverse('dashboard:machines')}?release={pk}")
+    try:
+        machine = capacity_actions.release_quarantined(
+            pk, now=timezone.now(), actor=actor_for(request)
+        )
+    except Machine.DoesNotExist:
+        raise Http404(f"no machine {pk}") from None
+    except capacity_actions.NotQuarantined as exc:
+        messages.error(request, f"Nothing was released: {exc}.")
+    else:
+        messages.success(
+            request,
+            f"{machine.name} is released: its row is deleted and its resource was left at "
+            f"provider {machine.provider}.",
+        )
+    return redirect("dashboard:machines")
+
+
 def sentences(errors: dict) -> str:
     """A serializer's errors as one line: `field: message; field: message`."""
     return "; ".join(f"{field}: {' '.join(map(str, ms))}" for field, ms in errors.items())
@@ -176,12 +252,29 @@ def audit_page(request):
     """The audit rows, newest first, filtered as GET /api/v1/audit filters them (the same
     serializer reads the query, the same selector picks the rows)."""
     filters = {k: request.GET.get(k, "").strip() for k in AuditFilters().fields}
+    # Issue 21 item 15: people and their tokens first; the controller's own rows, most of
+    # the log, behind the "Who" filter.
+    filters["who"] = filters["who"] or "people"
     given = AuditFilters(data={k: v for k, v in filters.items() if v})
     if given.is_valid():
-        rows, error = audit_rows(**given.validated_data)[:ROWS], ""
+        rows, error = list(audit_rows(**given.validated_data)[:ROWS]), ""
     else:
         rows, error = [], f"Nothing is shown: {sentences(given.errors)}"
-    return _page(request, "audit", {"rows": rows, "filters": filters, "error": error, "data": {}})
+    for row in rows:
+        row.fields = detail_fields(row.detail)
+    context = {"rows": rows, "filters": filters, "who": WHO, "error": error, "data": {}}
+    return _page(request, "audit", context)
+
+
+def detail_fields(detail: object) -> list[tuple[str, str]]:
+    """An audit row's detail as (field, value) pairs to show, not Python's dict text: a
+    nested value is shown as JSON."""
+    if not isinstance(detail, dict):
+        return [("", json.dumps(detail))]
+    return [
+        (str(key), value if isinstance(value, str) else json.dumps(value, sort_keys=True))
+        for key, value in detail.items()
+    ]
 
 
 @viewer_required
@@ -208,6 +301,9 @@ def settings_page(request):
         "changed": request.GET.get("changed", ""),
     }
     if role_level(request.user.role) >= Level.ADMIN:
+        # ARCH-11: the GitHub App, or the form that creates one from a manifest.
+        context["github_app_id"] = registry.get("github.app_id")
+        context["public_url"] = registry.get("server.public_url")
         # The backups as GET /api/v1/backups lists them, each to verify, and one to take.
         context["backups"] = BackupSerializer(backup.list_backups(), many=True).data
         context["backup_dir"] = backup.backup_dir()

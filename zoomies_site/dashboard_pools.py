@@ -14,12 +14,14 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
+from rest_framework.exceptions import ValidationError as DRFValidationError
 
 from accounts.actors import actor_for
 from accounts.roles import Level, role_level
+from fleet.selectors import offered_backends
 from runners.actions import pools as pool_actions
 from runners.api import PoolSerializer
-from runners.models import Installation, Pool
+from runners.models import Installation, Pool, pool_errors
 from zoomies_site.dashboard import _page, viewer_required
 
 # The form's text fields, each read as the API reads its JSON field of the same name.
@@ -53,9 +55,12 @@ def body_from_form(form) -> dict:
 
 
 def form_from_pool(pool: Pool | None) -> dict:
-    """A pool's values as the form shows them."""
+    """A pool's values as the form shows them. A new pool's backend is one a healthy host
+    offers (issue 21 item 14: docker was shown where no host offered it)."""
     if pool is None:
-        return {"backend": Pool.Backend.DOCKER, "warm": 0, "max_runners": 10,
+        offered = [b for b in offered_backends() if b in Pool.Backend.values]
+        backend = offered[0] if offered else Pool.Backend.PROCESS
+        return {"backend": backend, "warm": 0, "max_runners": 10,
                 "runner_group_id": 1}  # fmt: skip
     shown = {field: getattr(pool, field) for field in TEXT_FIELDS}
     for field in OPTIONAL_NUMBERS:
@@ -75,7 +80,7 @@ def _save(pool: Pool | None, body: dict, actor: str) -> tuple[Pool | None, dict]
     """The pool created or changed, or None and the errors by field, the API's words."""
     serializer = PoolSerializer(pool, data=body)
     if not serializer.is_valid():
-        return None, serializer.errors
+        return None, _every_error(serializer, body)
     now = timezone.now()
     try:
         if pool is None:
@@ -86,6 +91,39 @@ def _save(pool: Pool | None, body: dict, actor: str) -> tuple[Pool | None, dict]
         return pool_actions.update_pool(pool, changes, actor=actor, now=now), {}
     except DjangoValidationError as exc:
         return None, exc.message_dict if hasattr(exc, "error_dict") else {"": exc.messages}
+
+
+def _every_error(serializer: PoolSerializer, body: dict) -> dict:
+    """The serializer's field errors and, for the fields it could read, the pool's own
+    validation (`pool_errors`), which DRF runs only once every field reads: a form with
+    a bad number and a bad name is told both at once, not in two submits (issue 21 item
+    14)."""
+    errors = dict(serializer.errors)
+    read: dict = {}
+    for name, field in serializer.fields.items():
+        if field.read_only or name in errors or name not in body:
+            continue
+        try:
+            read[field.source] = field.run_validation(body[name])
+        except (DRFValidationError, DjangoValidationError):
+            continue
+    if serializer.instance is not None:
+        current = {f: getattr(serializer.instance, f) for f in TEXT_FIELDS if f not in read}
+        read = {**current, **read}
+    for name, found in pool_errors(read).items():
+        # A check that reads a field which did not read would judge a default in its place
+        # (an image checked as docker's when the backend was bad): left for the resubmit.
+        if name in body and name not in errors and not CHECKED_WITH.get(name, set()) & set(errors):
+            errors[name] = found
+    return errors
+
+
+# The fields each of the pool's checks also reads (runners.models.pool_errors).
+CHECKED_WITH = {
+    "image": {"backend", "platform"},
+    "warm": {"max_runners"},
+    "max_runners": {"warm"},
+}
 
 
 @viewer_required

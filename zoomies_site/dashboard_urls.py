@@ -4,7 +4,7 @@ from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-from zoomies_site import dashboard, dashboard_pools, dashboard_users
+from zoomies_site import dashboard, dashboard_github, dashboard_pools, dashboard_users
 
 app_name = "dashboard"
 
@@ -16,9 +16,17 @@ urlpatterns = [
     path("runners", dashboard.runners_page, name="runners"),
     path("jobs", dashboard.jobs_page, name="jobs"),
     path("hosts", dashboard.hosts_page, name="hosts"),
+    path("machines", dashboard.machines_page, name="machines"),
+    path("machines/<int:pk>/release", dashboard.machine_release, name="machine-release"),
     path("capacity", dashboard.capacity_page, name="capacity"),
     path("audit", dashboard.audit_page, name="audit"),
     path("settings", dashboard.settings_page, name="settings"),
+    path("settings/github-app", dashboard_github.github_app_start, name="github-app-start"),
+    path(
+        "settings/github-app/created",
+        dashboard_github.github_app_created,
+        name="github-app-created",
+    ),  # fmt: skip
     path("settings/backups", dashboard.backup_take, name="backup-take"),
     path("settings/backups/<str:name>/verify", dashboard.backup_verify, name="backup-verify"),
     path("users", dashboard_users.users_page, name="users"),

@@ -1,6 +1,6 @@
 """`GET /metrics`: every Prometheus series in the text format (issue 10 item 9).
 
-The counters (zoomies_site/metrics.py, capacity/metrics.py) come from this process, or, under
+The counters (zoomies_site/core/metrics.py, capacity/metrics.py) come from this process, or, under
 the controller, from every process through PROMETHEUS_MULTIPROC_DIR; the gauges are read from
 the database at scrape time by `DatabaseCollector` with a handful of GROUP BY queries.
 """
@@ -20,11 +20,13 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from accounts.api_auth import ApiTokenAuthentication
 from accounts.roles import Level, effective_level
-from fleet.models import AgentTask, Host
-from fleet.states import OPEN_TASK_STATES
+from fleet.models import AgentTask, Host, Machine
+from fleet.rest_api import host_queryset
+from fleet.states import OPEN_TASK_STATES, MachineState
+from fleet.throttle import cpu_factor
 from runners.models import Installation, Job, Runner
 from zoomies_site.core import environment
-from zoomies_site.metrics import MULTIPROC_ENV
+from zoomies_site.core.metrics import MULTIPROC_ENV
 
 
 class DatabaseCollector:
@@ -51,6 +53,48 @@ class DatabaseCollector:
         for row in Host.objects.values("health", "cordoned").annotate(n=Count("id")).order_by():
             hosts.add_metric([row["health"], str(row["cordoned"]).lower()], row["n"])
         yield hosts
+
+        # Issue 25 item 5 (HOST-14..20): each throttled host's level and CPU factor; a host
+        # at level 0 is not listed, so a fleet at rest adds no series.
+        levels = GaugeMetricFamily(
+            "zoomies_host_throttle_level", "A throttled host's level, 1 to 3.", labels=["host"]
+        )
+        factors = GaugeMetricFamily(
+            "zoomies_host_cpu_factor",
+            "The CPU factor a throttled host's runners run at.",
+            labels=["host"],
+        )
+        throttled = Host.objects.filter(throttle_level__gt=0).order_by("name")
+        for name, level in throttled.values_list("name", "throttle_level"):
+            levels.add_metric([name], level)
+            factors.add_metric([name], cpu_factor(level))
+        yield levels
+        yield factors
+
+        # HOST-29: memory the valve has lent a host's live runners; hosts with none unlisted.
+        lent = GaugeMetricFamily(
+            "zoomies_host_memory_lent_mb",
+            "Memory a host's agent has lent its live runners above what each was given, in MB.",
+            labels=["host"],
+        )
+        for name, mb in (
+            host_queryset()
+            .filter(lent_memory__gt=0)
+            .order_by("name")
+            .values_list("name", "lent_memory")
+        ):
+            lent.add_metric([name], mb)
+        yield lent
+
+        machines = GaugeMetricFamily(
+            "zoomies_machines",
+            "Rented machines not yet deleted, by state and provider.",
+            labels=["state", "provider"],
+        )
+        kept = Machine.objects.exclude(state=MachineState.DELETED)
+        for row in kept.values("state", "provider").annotate(n=Count("id")).order_by():
+            machines.add_metric([row["state"], row["provider"]], row["n"])
+        yield machines
 
         tasks = GaugeMetricFamily(
             "zoomies_agent_tasks_open",

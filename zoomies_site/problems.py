@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from capacity.problems import capacity_problems
+from fleet.problems import machine_problems
 from runners.findings import live_pool_findings
 from runners.models import Runner
 from runners.problems import runners_problems
@@ -82,4 +83,5 @@ def problems(now: datetime) -> list[dict]:
     found.extend(lease_lost())
     found.extend(dbhealth.problems())
     found.extend(capacity_problems(now))
+    found.extend(machine_problems(now))
     return found

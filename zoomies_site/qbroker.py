@@ -10,14 +10,27 @@ once per `poll`.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
+from django.db import connections
 from django.utils import timezone
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 
 from zoomies_site.core import wakebus
+from zoomies_site.core.faultlog import KNOWN_FAULTS, FaultLog
+
+_faults = FaultLog(logging.getLogger("zoomies.workers"), "the task queue's look for tasks")
+
+
+def close_broker_connection() -> None:
+    """The broker's connection, closed so the next look opens a fresh one."""
+    try:
+        connections[Conf.ORM].close()
+    except Exception:  # noqa: S110  # closing a broken connection may itself fail: nothing to do
+        pass
 
 
 class WakeableORM(ORM):
@@ -33,7 +46,17 @@ class WakeableORM(ORM):
         listener = self._wake_listener()
         if listener is not None:
             listener.drain()  # wakes sent before this look are answered by it
-        tasks = self._take()
+        try:
+            tasks = self._take()
+        except KNOWN_FAULTS as exc:
+            # A locked, read-only or restarted database: django-q2's pusher would log a
+            # traceback, sleep 10 s and die, and its sentinel log the reincarnation (issue 21
+            # item 22). It waits a poll instead, on a fresh connection, and tries again.
+            _faults.failed(exc)
+            close_broker_connection()
+            tasks = None
+        else:
+            _faults.worked()
         if tasks:
             return tasks
         if listener is None:

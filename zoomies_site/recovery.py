@@ -55,3 +55,33 @@ def recover_after_restart(
     for line in lines:
         log.info("recovery: %s", line)
     return lines
+
+
+class DeadGeneration:
+    """Leases on this host held, at the restart, by processes that still ran: the killed
+    controller's workers, which die a moment after it (their parent-death signal) or are
+    stuck in the kernel a while longer. The restart's recovery could not free them yet, and
+    waiting for their expiry stalled scheduling for minutes (issue 21 item 17). `step()`
+    frees each once its holder is gone, and says whether any is still waited for; the
+    controller's loop calls it until then, and stops after `controller.lease_ttl` (when the
+    leases have expired anyway)."""
+
+    def __init__(
+        self, *, host: str | None = None, alive: Callable[[int], bool] = leases.pid_alive
+    ) -> None:
+        self.host = host or socket.gethostname()
+        self.alive = alive
+        self.keep = (controller_lock.LEASE_NAME, controller_lock.LOST_MARK)
+        self.pending = leases.held_by_live_processes(host=self.host, keep=self.keep, alive=alive)
+        for name, holder in sorted(self.pending):
+            log.info("recovery: lease %s still held by %s, which still runs: waiting", name, holder)
+
+    def step(self) -> bool:
+        if not self.pending:
+            return False
+        for name in leases.take_over_dead_holders(host=self.host, keep=self.keep, alive=self.alive):
+            log.info(
+                "recovery: lease %s: freed, its holder died with the previous controller", name
+            )
+        self.pending = leases.still_held(self.pending)
+        return bool(self.pending)

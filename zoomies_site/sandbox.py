@@ -11,8 +11,13 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from django.utils import timezone
+
+from runners.actions import installations as installation_actions
 from runners.github.programs import FAKE_RUNNER as FAKE_RUNNER_IMAGE
 from runners.models import Installation, Pool
+
+ACTOR = "system:sandbox"
 
 log = logging.getLogger("zoomies.sandbox")
 
@@ -58,12 +63,35 @@ class Sandbox:
         self.fake.stop()
 
 
+# Each start of the sandbox numbers its fake GitHub's jobs, runs and runners from a fresh
+# range this wide, so a restart on the same data directory never reuses an id (issue 21
+# item 4: the new fake's job 25000000001 was an old completed row, and new jobs stayed
+# queued while runners took stale ones).
+ID_RANGE = 100_000_000
+
+
+def next_id_base(data_dir: Path) -> int:
+    """The id base of this start: one range past the last start's, remembered on disk."""
+    counter = data_dir / "sandbox" / "starts"
+    counter.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        starts = int(counter.read_text())
+    except (OSError, ValueError):
+        starts = 0
+    tmp = counter.with_suffix(".tmp")
+    tmp.write_text(f"{starts + 1}\n")
+    tmp.replace(counter)
+    return starts * ID_RANGE
+
+
 def start_fake_github(*, webhook_url: str, data_dir: Path) -> Sandbox:
     # Only with --sandbox: the fake GitHub is a test double the controller otherwise never loads.
     from runners.github.fake import FakeGitHub  # noqa: PLC0415
 
     secret = secrets.token_hex(16)
-    fake = FakeGitHub(webhook_url=webhook_url, webhook_secret=secret).start()
+    fake = FakeGitHub(
+        webhook_url=webhook_url, webhook_secret=secret, id_base=next_id_base(data_dir)
+    ).start()
     key_file = data_dir / "sandbox" / "app.pem"
     key_file.parent.mkdir(parents=True, exist_ok=True)
     key_file.write_text(fake.private_key_pem)
@@ -83,18 +111,17 @@ def start_fake_github(*, webhook_url: str, data_dir: Path) -> Sandbox:
 
 def seed(sandbox: Sandbox) -> None:
     """The sandbox's installation and pool, pointed at this run's fake (ids change per run)."""
-    Installation.objects.filter(account=SANDBOX_ACCOUNT).exclude(
+    now = timezone.now()
+    earlier = Installation.objects.filter(account=SANDBOX_ACCOUNT).exclude(
         github_id=sandbox.installation_id
-    ).delete()
-    installation, _ = Installation.objects.update_or_create(
-        github_id=sandbox.installation_id,
-        defaults={
-            "account": SANDBOX_ACCOUNT,
-            "kind": Installation.Kind.ORG,
-            "repositories": [SANDBOX_REPO],
-            "active": True,
-        },
     )
+    installation_actions.forget_installations(
+        list(earlier), actor=ACTOR, now=now, why="an earlier sandbox run's fake GitHub"
+    )
+    installation, _ = installation_actions.add_installation(
+        github_id=sandbox.installation_id, account=SANDBOX_ACCOUNT,
+        kind=Installation.Kind.ORG, repositories=[SANDBOX_REPO], actor=ACTOR, now=now,
+    )  # fmt: skip
     Pool.objects.update_or_create(
         name=SANDBOX_POOL,
         defaults={

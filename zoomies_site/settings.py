@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sysconfig
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -16,6 +17,21 @@ from zoomies_site.core.environment import read as env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
+
+def _shared_files_dir() -> Path:
+    """Where templates/ and static/ are: the top of a checkout (the design keeps them there),
+    or, installed from a wheel, <prefix>/share/zoomies, where pyproject.toml's data-files put
+    them (`pip install --user`: the user's prefix)."""
+    if (BASE_DIR / "templates").is_dir():
+        return BASE_DIR
+    for scheme in (sysconfig.get_default_scheme(), f"{os.name}_user"):
+        installed = Path(sysconfig.get_path("data", scheme)) / "share" / "zoomies"
+        if (installed / "templates").is_dir():
+            return installed
+    return BASE_DIR
+
+
+SHARED_FILES_DIR = _shared_files_dir()
 
 DATA_DIR = Path(env("ZOOMIES_DATA_DIR") or BASE_DIR / "var")
 
@@ -74,7 +90,7 @@ ASGI_APPLICATION = "zoomies_site.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [SHARED_FILES_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -153,9 +169,15 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [SHARED_FILES_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# The web server refuses a body over server.max_request_body (32 MiB by default) before any
+# route reads it (zoomies_site/server.py), and each route bounds its own below that; Django's
+# own 2.5 MiB cap answered first, so the README's figure was not the one that held (issue 21
+# item 11). One cap, the server's.
+DATA_UPLOAD_MAX_MEMORY_SIZE = None
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -165,7 +187,13 @@ REST_FRAMEWORK = {
     # Every route checks the caller's role and a token's scopes (AUTH-03, AUTH-04).
     "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.RoleAccess"],
     # One error shape for every route: a `detail` sentence, and bad fields by name.
-    "EXCEPTION_HANDLER": "zoomies_site.api_common.exception_handler",
+    "EXCEPTION_HANDLER": "zoomies_site.core.api_common.exception_handler",
+    # JSON bounded as the webhook and agent routes bound it (issue 21 items 8, 9).
+    "DEFAULT_PARSER_CLASSES": [
+        "zoomies_site.core.api_parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 SPECTACULAR_SETTINGS = {
@@ -179,7 +207,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "zoomies_site.schema_fixes.add_event_stream",
-        "zoomies_site.api_common.add_error_responses",
+        "zoomies_site.core.api_common.add_error_responses",
     ],
 }
 
@@ -201,12 +229,23 @@ Q_CLUSTER = {
     "label": "Background tasks",
 }
 
+if env("ZOOMIES_REDIS_URL"):
+    # Scale-out (issue 26 item 4): with Redis, django-q2's queue is a Redis list that its
+    # pusher blocks on (a task is taken at once, on every machine), not an ORM table polled
+    # and woken through a local socket; the wake bus goes through Redis too (core/wakebus).
+    # Several installations may share one Redis: each names its own queue and channels.
+    REDIS_PREFIX = env("ZOOMIES_REDIS_PREFIX", "zoomies")
+    for key in ("orm", "broker_class", "poll"):
+        Q_CLUSTER.pop(key)
+    Q_CLUSTER["redis"] = env("ZOOMIES_REDIS_URL")
+    Q_CLUSTER["name"] = REDIS_PREFIX
+
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 if env("ZOOMIES_REDIS_URL"):
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [env("ZOOMIES_REDIS_URL")]},
+            "CONFIG": {"hosts": [env("ZOOMIES_REDIS_URL")], "prefix": f"{REDIS_PREFIX}:asgi"},
         }
     }
 

@@ -27,7 +27,8 @@ from fleet.rest_api import HostSerializer, host_queryset
 from runners.api import JobSerializer, PoolSerializer, RunnerSerializer, runner_queryset
 from runners.models import Job, Pool
 from zoomies_site.core import wakebus
-from zoomies_site.models import Event
+from zoomies_site.core.faultlog import FaultLog
+from zoomies_site.core.models import Event
 from zoomies_site.overview import overview
 from zoomies_site.problems import problems
 
@@ -132,6 +133,7 @@ class Relay:
         self.group = f"zoomies-events-{uuid.uuid4().hex[:12]}"
         self.poll = poll
         self.clock = clock
+        self.faults = FaultLog(log, "event relay: a tick")
         self.cursor: int | None = None
         self.gaps: dict[int, float] = {}
         self.summary: dict | None = None
@@ -226,9 +228,11 @@ class Relay:
                     await layer.group_send(self.group, {"type": "event.frame", "frame": frame})
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 # A locked database or a bad row must not end the stream for everyone.
-                log.exception("event relay: a tick failed; trying again")
+                self.faults.failed(exc)
+            else:
+                self.faults.worked()
             await self._pause()
 
     def _wake_listener(self) -> wakebus.Listener | None:

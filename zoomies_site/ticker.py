@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from zoomies_site.core import registry
+from zoomies_site.core.faultlog import FaultLog
 
 log = logging.getLogger("zoomies.controller")
 
@@ -25,6 +26,10 @@ class Periodic:
     every: Callable[[], timedelta]
     run: Callable[[datetime], None]
     last: datetime | None = None
+    faults: FaultLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.faults = FaultLog(log, f"periodic {self.name}")
 
 
 @dataclass
@@ -38,8 +43,10 @@ class Ticker:
                 job.last = now
                 try:
                     job.run(now)
-                except Exception:  # one failing job must not stop the others' clock
-                    log.exception("periodic %s failed", job.name)
+                except Exception as exc:  # one failing job must not stop the others' clock
+                    job.faults.failed(exc)
+                else:
+                    job.faults.worked()
                 fired.append(job.name)
         return fired
 
@@ -77,6 +84,12 @@ def default_ticker(started_at: datetime) -> Ticker:
                 every("capacity_demand.interval"),
                 lambda now: enqueue("capacity.tasks.capacity_step_task"),
             ),
+            # Rented machines, apart from the reconcile pass (MACH-19).
+            Periodic(
+                "machines",
+                every("machines.interval"),
+                lambda now: machines_wanted() and enqueue("capacity.tasks.machine_loop_task"),
+            ),
             # Scheduled backups: the task decides from the newest copy's age whether one is
             # due, so a restart neither skips nor repeats one (BAK-06).
             Periodic(
@@ -104,4 +117,14 @@ def default_ticker(started_at: datetime) -> Ticker:
                 lambda now: enqueue("runners.tasks.reap_task", started_at.isoformat()),
             ),
         ]
+    )
+
+
+def machines_wanted() -> bool:
+    """A provider is configured or a machine is left: else no machine round is enqueued."""
+    from fleet.models import Machine, MachineProvider  # noqa: PLC0415  # models need the apps loaded
+
+    return (
+        MachineProvider.objects.exists()
+        or Machine.objects.exclude(state__in=["deleted", "quarantined"]).exists()
     )

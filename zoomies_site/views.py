@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import connection
 from django.http import JsonResponse
+from django.views.defaults import page_not_found
 
 from zoomies_site.core import dbhealth
 
@@ -25,3 +26,12 @@ def healthz(request):
     except Exception as exc:  # the answer is the error, not a 500 page
         return JsonResponse({"status": "unavailable", "error": str(exc)}, status=503)
     return JsonResponse({"status": "ok"})
+
+
+def not_found(request, exception=None):
+    """404 for a URL no route matches. Under /api/ it is the API's one error shape (a
+    negative id, `/api/v1/pools/-1`, matches no `<int:pk>` route and was Django's HTML
+    page); elsewhere Django's own page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "No such resource."}, status=404)
+    return page_not_found(request, exception)

@@ -27,6 +27,7 @@ from fleet.agent.client import (
 from fleet.agent.errors import AgentError
 from fleet.agent.host import UsageSampler, work_dir_space
 from fleet.agent.logs import LogRelay
+from fleet.agent.memory_guard import MemoryGuard
 from fleet.agent.reconcile import ReconcileLoop
 from fleet.agent.state import AgentState, JoinTokenSpent, StateError, StateStore
 from fleet.agent.tasks import MAX_BACKOFF, TaskLoop
@@ -100,6 +101,8 @@ class Agent(TaskLoop, ReconcileLoop):
         self.host_id: int | None = None
         self.tunables = protocol.AgentTunables()
         self.cordoned = False
+        self.cpu_factor = 1.0  # HOST-20: the controller's, from the last heartbeat answer
+        self.cordon_from_tasks_at = None
         self.polls_completed = 0
         self.fatal_error: str | None = None
 
@@ -116,6 +119,7 @@ class Agent(TaskLoop, ReconcileLoop):
         self._wake_reconcile = threading.Event()
         self._shut_down = False
         self._log_relay = LogRelay(self.client)  # LOG-02
+        self._memory = MemoryGuard(self.backends, clock=clock)  # HOST-24..32
         self._token_renew_at: float | None = None  # ESC-06, on self._clock
 
     # -- credentials ----------------------------------------------------------------------
@@ -259,11 +263,46 @@ class Agent(TaskLoop, ReconcileLoop):
         """Send one heartbeat; answer the interval to sleep before the next."""
         body = self.host_info()
         body["usage"] = self._usage.sample()
+        body.update(self._memory.report())  # HOST-29, HOST-32
+        sent_at = self._clock()
         answer = self.client.heartbeat(body)
         self._use_tunables(answer.tunables)
+        self._memory.use(answer.memory)
         with self._lock:
-            self.cordoned = answer.cordoned
+            # A task list that arrived while this heartbeat was out carried a newer cordon
+            # than its answer, which the controller read before (issue 21 item 6).
+            if self.cordon_from_tasks_at is None or sent_at > self.cordon_from_tasks_at:
+                self.cordoned = answer.cordoned
+            self.cpu_factor = answer.cpu_factor
+        self.apply_cpu_factor()
+        with self._lock:
             return self.heartbeat_interval
+
+    def apply_cpu_factor(self) -> int:
+        """HOST-20: the controller's CPU factor on every runner tracked here, on each
+        heartbeat, idempotently (a runner already at it is not touched); HOST-22: a runner
+        keeps its full quota for the bootstrap grace, counted from when this agent first
+        saw it. A backend that fails is logged and asked again next time."""
+        now = self._clock()
+        with self._lock:
+            factor, grace = self.cpu_factor, self.tunables.bootstrap_cpu_grace
+            due = [
+                (t.runner_id, t.backend, now - t.created_at >= grace)
+                for t in self._tracked.values()
+                if t.end is None
+            ]
+        changed = 0
+        for runner_id, backend_name, past_grace in due:
+            backend = self.backends.get(backend_name)
+            if backend is None:
+                continue
+            try:
+                changed += backend.apply_cpu_factor(runner_id, factor if past_grace else 1.0)
+            except BackendError as exc:
+                log.warning("runner %s: CPU factor %.2f not applied: %s", runner_id, factor, exc)
+        if changed:
+            log.info("CPU factor %.2f applied to %d container(s)", factor, changed)
+        return changed
 
     def heartbeat_loop(self, wait: Wait | None = None) -> None:
         wait = wait or self._stopping.wait
@@ -285,6 +324,23 @@ class Agent(TaskLoop, ReconcileLoop):
                 interval = min(backoff, self.heartbeat_interval)
                 backoff = min(backoff * 2, MAX_BACKOFF)
             if wait(interval):
+                return
+
+    def memory_loop(self, wait: Wait | None = None) -> None:
+        """The memory valve, apart from lifecycle work (HOST-12, HOST-26): each tracked
+        runner when it is due, until the agent stops."""
+        wait = wait or self._stopping.wait
+        while not self._stopping.is_set():
+            with self._lock:
+                runners = [
+                    (t.runner_id, t.backend) for t in self._tracked.values() if t.end is None
+                ]
+            try:
+                pause = self._memory.step(runners)
+            except Exception:  # a bug must not end the guard for good
+                log.exception("the memory valve's look failed")
+                pause = 5.0
+            if wait(pause):
                 return
 
     # -- running and stopping -------------------------------------------------------------
@@ -309,6 +365,7 @@ class Agent(TaskLoop, ReconcileLoop):
             threading.Thread(target=self.heartbeat_loop, name="agent-heartbeat", daemon=True),
             threading.Thread(target=self.poll_loop, name="agent-tasks", daemon=True),
             threading.Thread(target=self.reconcile_loop, name="agent-reconcile", daemon=True),
+            threading.Thread(target=self.memory_loop, name="agent-memory", daemon=True),
         ]
         for thread in loops:
             thread.start()
@@ -316,6 +373,7 @@ class Agent(TaskLoop, ReconcileLoop):
             pass
         if self.fatal_error is None:
             self.stop()
+        self._memory.close()
         self.client.close()
         self._raise_if_fatal()
 

@@ -25,8 +25,8 @@ from fleet.agent.backends.docker import DockerBackend
 from fleet.agent.backends.podman import PodmanBackend
 from fleet.agent.backends.process import ProcessBackend
 from fleet.agent.client import ControllerError
+from fleet.agent.joining import JOIN_TOKEN_ENV
 
-JOIN_TOKEN_ENV = "ZOOMIES_JOIN_TOKEN"  # noqa: S105  # a name or prefix, not a secret
 CLAIM_CODE_ENV = "ZOOMIES_CLAIM_CODE"
 STATE_DIR_ENV = "ZOOMIES_AGENT_STATE_DIR"
 CA_FILE_ENV = "ZOOMIES_AGENT_CA_FILE"

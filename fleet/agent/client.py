@@ -36,7 +36,7 @@ class Unauthorized(ControllerError):
     """401: the join token or the agent token is not (or no longer) valid. Not worth retrying."""
 
 
-# The answers are the protocol's own shapes (fleet/protocol.py), under the names the agent
+# The answers are the protocol's own shapes (fleet/protocol/), under the names the agent
 # has always used for them.
 JoinAnswer = protocol.JoinAnswer
 HeartbeatAnswer = protocol.HeartbeatAnswer
@@ -99,7 +99,7 @@ class ControllerClient:
         data = self._call("POST", "/token/renew", json={})
         return self._read(protocol.TokenAnswer.from_json, data, "token renewal")
 
-    def poll_tasks(self, wait: float) -> list[protocol.Task]:
+    def poll_tasks(self, wait: float) -> protocol.TaskList:
         wait = max(0, min(int(wait), MAX_WAIT))
         data = self._call(
             "GET",
@@ -107,16 +107,22 @@ class ControllerClient:
             params={"wait": wait},
             timeout=httpx.Timeout(self.timeout, read=wait + LONG_POLL_MARGIN),
         )
-        return list(self._read(protocol.TaskList.from_json, data, "task list").tasks)
+        return self._read(protocol.TaskList.from_json, data, "task list")
 
     def post_result(
-        self, task_id: int, *, ok: bool, error: str | None, attempt: int | None
+        self,
+        task_id: int,
+        *,
+        ok: bool,
+        error: str | None,
+        attempt: int | None,
+        report: Mapping[str, Any] | None = None,
     ) -> bool:
         """True when the controller accepted the result; False for 404 (not this host's task,
         TASK-14) or 409 (no longer in flight): both are final, so neither is retried."""
         if error is not None and len(error) > protocol.MAX_MESSAGE:
             error = error[: protocol.MAX_MESSAGE - 1] + "…"
-        body = protocol.TaskResult(ok=ok, error=error, attempt=attempt)
+        body = protocol.TaskResult(ok=ok, error=error, attempt=attempt, report=report)
         try:
             data = self._call("POST", f"/tasks/{task_id}/result", json=body.to_json())
         except ControllerError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 from fleet import protocol
 from fleet.agent.backends.base import (
@@ -19,6 +20,7 @@ from fleet.agent.backends.base import (
     WorkloadStatus,
 )
 from fleet.agent.client import ControllerError, Task, Unauthorized
+from fleet.agent.host import work_dir_space
 from fleet.agent.logs import LOG_TASK_KINDS, LogRelay, handle_log_task
 from fleet.agent.tracking import AgentParts, TrackedRunner, Wait, end_report, report
 
@@ -34,6 +36,9 @@ RESULT_MAX_WAIT = 15.0
 # AGENT-11: three more inventory asks, about seventeen seconds in all.
 INVENTORY_RETRIES = (2.0, 5.0, 10.0)
 PREWARM = "image_prewarm"  # AGENT-14: no runner; shares the create slot as a background task
+CHECK_HOST = "check_host"  # TASK-09: an operator's look at this host; no runner, no slot
+# Less than this free in the work directory fails a host check (a runner unpacks ~1 GB).
+MIN_FREE_DISK_MB = 1024
 
 
 class TaskLoop(AgentParts):
@@ -48,10 +53,16 @@ class TaskLoop(AgentParts):
         """
         if self._stopping.is_set():
             return []
-        tasks = self.client.poll_tasks(self.tunables.long_poll_wait if wait is None else wait)
+        taken = self.client.poll_tasks(self.tunables.long_poll_wait if wait is None else wait)
+        tasks = list(taken.tasks)
         started = []
         with self._lock:
             self.polls_completed += 1
+            if taken.cordoned is not None:
+                # Before any of these creates reaches the front (AGENT-08): the cordon
+                # they were placed under, fresher than the last heartbeat's (issue 21 item 6).
+                self.cordoned = taken.cordoned
+                self.cordon_from_tasks_at = self._clock()
         for task in tasks:
             if self._stopping.is_set():
                 # AGENT-19: no new task; its lease ends and the controller offers it again.
@@ -142,6 +153,9 @@ class TaskLoop(AgentParts):
             return self._create(task, rid, ticket)
         if task.kind == PREWARM and ticket is not None:
             return self._prewarm(task, ticket)
+        if task.kind == CHECK_HOST:
+            self._post_result(task, *self._check_host())
+            return True, None, False  # answered above, with its report
         if rid is None:
             return False, f"the {task.kind} task names no runner", True
         if task.kind in LOG_TASK_KINDS:  # LOG-02, LOG-04: nothing to adopt for a read
@@ -359,12 +373,36 @@ class TaskLoop(AgentParts):
         self._wake_reconcile.set()
         return True, None, True
 
-    def _post_result(self, task: Task, ok: bool, error: str | None) -> None:
+    def _check_host(self) -> tuple[bool, str | None, dict[str, Any]]:
+        """TASK-09: each backend's engine, the work directory's free space and this host's
+        wall clock (the controller works out the skew), as an operator's check asks. Each
+        probe is bounded by its backend's own timeouts, inside the agent's 45 s."""
+        report: dict[str, Any] = {"clock": round(time.time(), 3)}
+        problems = []
+        for name, backend in sorted(self.backends.items()):
+            try:
+                backend.probe()
+                report[f"engine.{name}"] = "reachable"
+            except BackendError as exc:
+                report[f"engine.{name}"] = f"unreachable: {exc}"[:300]
+                problems.append(f"{name} does not answer")
+        space = work_dir_space(self.work_dir)
+        if space is None:
+            problems.append("the work directory's filesystem cannot be read")
+        else:
+            report["disk_free_mb"], report["disk_total_mb"] = space.free_mb, space.total_mb
+            if space.free_mb < MIN_FREE_DISK_MB:
+                problems.append(f"{space.free_mb} MB free in the work directory")
+        return not problems, "; ".join(problems) or None, report
+
+    def _post_result(
+        self, task: Task, ok: bool, error: str | None, report: dict[str, Any] | None = None
+    ) -> None:
         delay, waited = 1.0, 0.0
         while True:
             try:
                 accepted = self.client.post_result(
-                    task.id, ok=ok, error=error, attempt=task.attempt
+                    task.id, ok=ok, error=error, attempt=task.attempt, report=report
                 )
             except Unauthorized as exc:
                 self._fatal(exc)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from fleet import protocol
 from fleet.agent.admission import FifoSlot, StartHold
@@ -31,7 +33,7 @@ class TrackedRunner:
 
     runner_id: int
     backend: str
-    created_at: float  # agent clock: when created or first adopted
+    created_at: float  # agent clock: when created, or an adopted workload's own start
     adopted: bool
     registering_due: bool = False  # a create succeeded and the controller has not heard it
     registering_sent: bool = False
@@ -83,10 +85,12 @@ class AgentParts:
 
     backends: dict[str, Backend]
     client: ControllerClient
+    work_dir: Path
     store: StateStore
     tunables: protocol.AgentTunables
     _finished_retention: float | None  # the operator's, which outranks the controller's
     cordoned: bool
+    cordon_from_tasks_at: float | None  # when a task list last set `cordoned` (agent clock)
     polls_completed: int
     fatal_error: str | None
     _clock: Clock
@@ -174,10 +178,15 @@ class AgentParts:
         with self._lock:
             tracked = self._tracked.get(workload.runner_id)
             if tracked is None:
+                # HOST-22: an adopted workload's bootstrap grace counts from its original
+                # start (the engine's wall-clock figure), not from when this agent saw it.
+                age = 0.0
+                if workload.started_at is not None:
+                    age = max(0.0, time.time() - workload.started_at)
                 tracked = TrackedRunner(
                     runner_id=workload.runner_id,
                     backend=backend_name,
-                    created_at=self._clock(),
+                    created_at=self._clock() - age,
                     adopted=True,
                 )
                 self._tracked[workload.runner_id] = tracked

@@ -13,8 +13,8 @@ from accounts import audit
 from runners.actions import steps
 from runners.models import Installation, Job, Runner
 from runners.states import JobStatus, job_statuses_before
-from zoomies_site import metrics
-from zoomies_site.events import emit
+from zoomies_site.core import metrics
+from zoomies_site.core.events import emit
 
 log = logging.getLogger("zoomies.runners")
 

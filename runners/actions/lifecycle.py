@@ -16,17 +16,19 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 
 from accounts import audit
+from fleet import protocol
 from fleet.agent.backends.resources import FROM_HOST, FROM_POOL
 from fleet.models import AgentTask
 from fleet.states import OPEN_TASK_STATES, TaskKind, TaskState
 from fleet.taskqueue import enqueue_task, lease_for
 from runners.actions import steps
+from runners.actions.installations import note_registered_repository
 from runners.models import Installation, Pool, Runner
 from runners.selectors import removes_owed, unconfirmed_stops, unlinked_exits
 from runners.states import RunnerState
 from runners.transitions import TransitionResult, transition_runner
 from zoomies_site.core import registry
-from zoomies_site.events import emit, emit_many
+from zoomies_site.core.events import emit, emit_many
 
 log = logging.getLogger("zoomies.runners")
 
@@ -52,7 +54,7 @@ class NewRunner:
     cpus: float | None
     memory_mb: int | None
     github_runner_id: int | None
-    env: dict
+    env: dict[str, str]
     command: list[str] | None
     reason: str
     placement: str = ""
@@ -72,6 +74,8 @@ def create_runner(new: NewRunner, *, now: datetime, actor: str) -> Runner:
     cpus_from = given_by(pool.cpus, new.cpus)
     memory_from = given_by(pool.memory_mb, new.memory_mb)
     with transaction.atomic(durable=True):
+        if pool.repository and new.installation is not None:
+            note_registered_repository(new.installation.pk, pool.repository)
         runner = Runner.objects.create(
             name=new.name,
             pool=pool,
@@ -93,21 +97,21 @@ def create_runner(new: NewRunner, *, now: datetime, actor: str) -> Runner:
             host_id=new.host_id,
             runner_id=runner.pk,
             kind=TaskKind.CREATE_RUNNER,
-            payload={
-                "runner_id": runner.pk,
-                "runner_name": runner.name,
-                "pool": pool.name,
-                "backend": pool.backend,
-                "image": new.image,
-                "command": new.command,
-                "env": new.env,
-                "cpus": new.cpus,
-                "memory_mb": new.memory_mb,
-                "cpus_from": cpus_from or None,
-                "memory_from": memory_from or None,
-                "dind": pool.dind,
-                "ephemeral": pool.ephemeral,
-            },
+            payload=protocol.CreateRunnerPayload(
+                runner_id=runner.pk,
+                runner_name=runner.name,
+                pool=pool.name,
+                backend=pool.backend,
+                image=new.image,
+                command=None if new.command is None else tuple(new.command),
+                env=new.env,
+                cpus=new.cpus,
+                memory_mb=new.memory_mb,
+                cpus_from=cpus_from or None,
+                memory_from=memory_from or None,
+                dind=pool.dind,
+                ephemeral=pool.ephemeral,
+            ).to_json(),
             now=now,
         )
         audit.record(
@@ -161,6 +165,54 @@ def defer_idle_drain(
                 at=now,
             )
     return bool(moved)
+
+
+def note_runner_online(runner: Runner, *, now: datetime, actor: str) -> bool:
+    """GitHub shows the runner's registration online (issue 29 item 1): stamp `online_at`
+    once, and a runner still registering becomes idle. A runner is idle only once GitHub
+    says so: its process running proves nothing (one that cannot reach GitHub retries for
+    ever). True if this call stamped it."""
+    with transaction.atomic(durable=True):
+        stamped = Runner.objects.filter(pk=runner.pk, online_at__isnull=True).update(online_at=now)
+        if not stamped:
+            return False
+        current = Runner.objects.filter(pk=runner.pk).values_list("state", flat=True).first()
+        moved = (
+            current == RunnerState.REGISTERING
+            and transition_runner(
+                runner.pk,
+                RunnerState.IDLE,
+                now=now,
+                actor=actor,
+                reason="GitHub shows it online",
+                expected_from=[RunnerState.REGISTERING],
+            ).changed
+        )
+        if not moved:
+            # Already idle (its process said it was running) or past it: the stamp is news.
+            audit.record(actor=actor, action="runner.online", target=runner,
+                         detail={"reason": "GitHub shows it online"}, at=now)  # fmt: skip
+            emit("runner.online", runner, at=now)
+    return True
+
+
+def note_registration_gone(
+    runner: Runner, *, now: datetime, actor: str, answer: str, retry_at: datetime | None = None
+) -> None:
+    """What GitHub answered when asked to delete an ended runner's registration (issue 29
+    item 4): "deleted" or "gone" stamps `deregistered_at`; anything else waits until
+    `retry_at` before it is asked again (`drain_deferred_until`)."""
+    with transaction.atomic(durable=True):
+        if answer in ("deleted", "gone"):
+            Runner.objects.filter(pk=runner.pk, deregistered_at__isnull=True).update(
+                deregistered_at=now, drain_deferred_until=None
+            )
+            if answer == "deleted":
+                audit.record(actor=actor, action="runner.deregistered", target=runner,
+                             detail={"github_runner_id": runner.github_runner_id,
+                                     "state": runner.state}, at=now)  # fmt: skip
+        else:
+            Runner.objects.filter(pk=runner.pk).update(drain_deferred_until=retry_at)
 
 
 def fail_runner(
@@ -311,7 +363,8 @@ def fail_unconfirmed_stops(now: datetime) -> list[str]:
 
 def remove_retry_backoff(failures: int) -> timedelta:
     """The wait after the `failures`-th failed or abandoned remove: 1 min, doubling, 15 min."""
-    return min(REMOVE_RETRY_BACKOFF * 2 ** max(failures - 1, 0), MAX_REMOVE_RETRY_BACKOFF)
+    wait: timedelta = REMOVE_RETRY_BACKOFF * 2 ** max(failures - 1, 0)
+    return min(wait, MAX_REMOVE_RETRY_BACKOFF)
 
 
 def reissue_owed_removes(now: datetime) -> list[str]:

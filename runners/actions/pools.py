@@ -16,13 +16,14 @@ from fleet.models import AgentTask, Host
 from fleet.states import OPEN_TASK_STATES, HostHealth, TaskKind
 from fleet.taskqueue import enqueue_task
 from runners import naming
-from runners.models import Installation, Pool, Runner
+from runners.actions import steps
+from runners.models import Pool, Runner
 from runners.pool_views import PoolUnreadable, pool_view
 from runners.scheduler import HostView
 from runners.scheduler.matching import host_offers_pool
-from runners.states import LIVE_STATES
+from runners.states import LIVE_STATES, RunnerState
 from runners.wake import wake_reconcile
-from zoomies_site.events import emit
+from zoomies_site.core.events import emit
 
 
 class PoolInUse(Exception):
@@ -31,6 +32,10 @@ class PoolInUse(Exception):
 
 class CannotPrewarm(Exception):
     """The pool has nothing a host could prepare ahead of time (its reason says why)."""
+
+
+# RUN-13: what a paused or deleted pool stops from starting.
+STARTING_STATES = (RunnerState.PROVISIONING, RunnerState.REGISTERING)
 
 
 def _wake() -> None:
@@ -69,26 +74,50 @@ def update_pool(pool: Pool, changes: dict[str, Any], *, actor: str, now: datetim
 
 
 def set_pool_paused(pool: Pool, *, paused: bool, actor: str, now: datetime) -> bool:
-    """Pause (no new runners; the live ones finish their jobs) or resume. True if it moved."""
-    with transaction.atomic(durable=True):
+    """Pause (no new runners; the live ones finish their jobs) or resume. True if it moved.
+    Inside the caller's transaction when there is one (an installation's removal)."""
+    with transaction.atomic():
         moved = Pool.objects.filter(pk=pool.pk, paused=not paused).update(paused=paused)
         if moved:
             audit.record(
                 actor=actor, action="pool.pause" if paused else "pool.resume", target=pool, at=now
             )
             emit("pool.paused" if paused else "pool.resumed", pool, at=now)
+            if paused:
+                drain_starting_runners(pool, now=now, actor=actor, why="its pool was paused")
             _wake()
     pool.paused = paused
     return bool(moved)
 
 
+def drain_starting_runners(pool: Pool, *, now: datetime, actor: str, why: str) -> list[str]:
+    """RUN-13: a paused or deleted pool's runners still provisioning or registering go to
+    draining (they would only start to take a job the operator just stopped); the live
+    ones finish theirs. Returns the names moved."""
+    moved = []
+    starting = Runner.objects.filter(pool=pool, state__in=STARTING_STATES).order_by("pk")
+    for runner in starting:
+        result = steps.drain(
+            runner, now=now, actor=actor, reason=why, expected_from=STARTING_STATES
+        )
+        if result.changed:
+            moved.append(runner.name)
+    return moved
+
+
 def delete_pool(pool: Pool, *, actor: str, now: datetime) -> None:
-    """Delete a pool with no live runners; its finished runners go with it."""
+    """Delete a pool with no live runners; its finished runners go with it. Asked while
+    runners are live, its starting ones are drained first (RUN-13) and the delete refused
+    until every live one has ended."""
+    with transaction.atomic(durable=True):
+        drained = drain_starting_runners(pool, now=now, actor=actor, why="its pool is deleted")
     with transaction.atomic(durable=True):
         live = Runner.objects.filter(pool=pool, state__in=list(LIVE_STATES)).count()
         if live:
+            started = f" ({len(drained)} still starting were drained now)" if drained else ""
             raise PoolInUse(
-                f"pool {pool.name} has {live} live runner(s): pause it and drain them first"
+                f"pool {pool.name} has {live} live runner(s){started}: pause it, drain them, "
+                "and delete it once they have ended"
             )
         pk, name = pool.pk, pool.name
         Runner.objects.filter(pool=pool).delete()
@@ -101,42 +130,6 @@ def delete_pool(pool: Pool, *, actor: str, now: datetime) -> None:
             at=now,
         )
         emit("pool.deleted", Pool(pk=pk), at=now)
-
-
-def add_installation(
-    *, github_id: int, account: str, kind: str, repositories: list[str], actor: str, now: datetime
-) -> tuple[Installation, bool]:
-    """Record (or re-activate) a GitHub App installation Zoomies serves."""
-    installation = Installation(
-        github_id=github_id, account=account, kind=kind, repositories=repositories
-    )
-    installation.full_clean(validate_unique=False)
-    with transaction.atomic(durable=True):
-        installation, created = Installation.objects.update_or_create(
-            github_id=github_id,
-            defaults={
-                "account": account,
-                "kind": kind,
-                "repositories": repositories,
-                "active": True,
-            },
-        )
-        audit.record(
-            actor=actor,
-            action="installation.create" if created else "installation.update",
-            target=installation,
-            at=now,
-        )
-    return installation, created
-
-
-def remove_installation(installation: Installation, *, actor: str, now: datetime) -> bool:
-    """Stop serving an installation: kept as a state (inactive), so its history stays."""
-    with transaction.atomic(durable=True):
-        moved = Installation.objects.filter(pk=installation.pk, active=True).update(active=False)
-        if moved:
-            audit.record(actor=actor, action="installation.remove", target=installation, at=now)
-    return bool(moved)
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from runners.models import Job, Runner
 from runners.states import TERMINAL_STATES, JobStatus, RunnerState
 from runners.transitions import transition_runner
 from runners.wake import wake_reconcile
-from zoomies_site.events import emit
+from zoomies_site.core.events import emit
 
 REPORTED_STATES = {
     "registering": RunnerState.REGISTERING,
@@ -27,11 +27,16 @@ REPORTED_STATES = {
 }
 
 
-def clean_reports(reports: Any) -> list[dict]:
-    """The protocol's reading of a reports list; a malformed one is a 400, an unknown state
-    a refusal."""
+def clean_reports(reports: Any) -> tuple[protocol.RunnerReport, ...]:
+    """Reports as the protocol defines them (issue 22 item 3: one definition, read once).
+    The agent API hands them over read; a list of plain objects (the tests, a script) is
+    read here, a malformed one a 400. An unknown state is the caller's refusal, not here."""
+    if isinstance(reports, (list, tuple)) and all(
+        isinstance(r, protocol.RunnerReport) for r in reports
+    ):
+        return tuple(reports)
     try:
-        return [r.to_json() for r in protocol.read_reports(reports)]
+        return protocol.read_reports(list(reports) if isinstance(reports, tuple) else reports)
     except protocol.ProtocolError as exc:
         raise InvalidRequest(str(exc)) from None
 
@@ -51,8 +56,8 @@ def apply_agent_reports(*, host: Host, reports: Any, now: datetime) -> tuple[lis
     ended = False
     actor = host.actor
     for report in clean_reports(reports):
-        runner_id = report["runner_id"]
-        state = report.get("state")
+        runner_id = report.runner_id
+        state = report.state
         if state is not None and state not in REPORTED_STATES:
             refused.append(runner_id)
             continue
@@ -95,11 +100,25 @@ def _catch_up_started_job(runner: Runner, *, now: datetime, actor: str) -> None:
         )
 
 
-def _apply_report(runner: Runner, report: dict, *, now: datetime, actor: str) -> None:
-    state = report.get("state")
-    phase = report.get("phase")
-    exit_code = report.get("exit_code")
-    message = (report.get("message") or "").strip()
+def _ran_on(report: protocol.RunnerReport) -> bool:
+    """Whether a report shows the workload lived: it runs, or it exited by itself (a
+    workload that went missing or was never started shows nothing of the kind)."""
+    return report.phase == "running" or (report.phase == "exited" and report.exit_code is not None)
+
+
+def _apply_report(
+    runner: Runner, report: protocol.RunnerReport, *, now: datetime, actor: str
+) -> None:
+    state = report.state
+    phase = report.phase
+    exit_code = report.exit_code
+    message = (report.message or "").strip()
+    if runner.state == RunnerState.FAILED and _ran_on(report) and runner.host is not None:
+        # Issue 21 item 20: failed because its host was lost, yet its agent shows it ran on
+        # (it keeps its job at GitHub): the row is put back to busy before the report is
+        # read, so an end reported now ends a runner that ran, not a failed one.
+        if steps.revive_after_host_loss(runner.host, runners=[runner], now=now, actor=actor):
+            runner.refresh_from_db()
     live = runner.state not in TERMINAL_STATES
     # Whether this report moved the runner to where GitHub's in_progress can land (below).
     came_online = False
@@ -143,21 +162,21 @@ def _apply_report(runner: Runner, report: dict, *, now: datetime, actor: str) ->
             ).changed
     if came_online:
         _catch_up_started_job(runner, now=now, actor=actor)
-    if not live and phase == "running":
+    if not live and phase == "running" and runner.host is not None:
         # Issue 11 item 4: a failed runner its host says is still running keeps its job.
         steps.spare_busy_workloads(runner.host, now=now, actor=actor, runners=[runner])
-    extra: dict = {}
+    extra: dict[str, Any] = {}
     if phase is not None:
         extra["phase"] = phase[:32]
     if exit_code is not None:
         extra["exit_code"] = exit_code
     if (
         state in ("failed", "removed")
-        and report.get("output_tail")
+        and report.output_tail
         and runner.state != RunnerState.REMOVED
     ):
         # Issue 8 item 14, issue 9: the workload and its log go; the row keeps their end.
-        extra["output_tail"] = report["output_tail"]
+        extra["output_tail"] = report.output_tail
     if extra:
         Runner.objects.filter(pk=runner.pk).update(**extra)
         # Agents repeat the phase in every report: only a change is news.

@@ -16,13 +16,13 @@ from django.db.models import Q
 
 from accounts import audit
 from fleet.models import AgentTask, Host
-from fleet.states import OPEN_TASK_STATES, TaskKind, TaskState
+from fleet.states import OPEN_TASK_STATES, HostHealth, TaskKind, TaskState
 from fleet.taskqueue import cancel_tasks, enqueue_task
 from runners.models import Job, Runner
 from runners.states import JOB_RANK, LIVE_STATES, JobStatus, RunnerState
-from runners.transitions import TransitionResult, transition_runner
+from runners.transitions import TransitionResult, revive_runner, transition_runner
 from zoomies_site.core import registry
-from zoomies_site.events import emit
+from zoomies_site.core.events import emit
 
 
 def _has_open_task(runner: Runner, kind: str) -> bool:
@@ -119,11 +119,22 @@ def fail(
     return result
 
 
+# What a lost host's runners and jobs are failed with (fleet.health, HOST-04), here so that
+# the one failure a returning host can prove wrong is recognised by the same words.
+HOST_LOST_JOB_FAILURE = "its runner's host was lost"
+
+
+def host_lost_prefix(host_name: str) -> str:
+    """The start of the failure message of a runner failed because its host was lost."""
+    return f"host {host_name} lost: "
+
+
 def mark_fleet_failure(runners: Iterable[Runner], *, reason: str, now: datetime, actor: str) -> int:
     """HOST-04: a job still running on one of `runners` is marked as the fleet's failure.
 
-    The one writer of `Job.fleet_failure`: a compare-and-set from blank, so a job keeps the
-    first reason it was given.
+    The one writer of `Job.fleet_failure` (with `clear_fleet_failure`, its undo when a host
+    loss proves wrong): a compare-and-set from blank, so a job keeps the first reason it
+    was given.
     """
     runners = list(runners)
     if not runners:
@@ -149,6 +160,32 @@ def mark_fleet_failure(runners: Iterable[Runner], *, reason: str, now: datetime,
             )
             emit("job.fleet_failure", job, at=now)
     return marked
+
+
+def clear_fleet_failure(
+    jobs: Iterable[Job], *, failure: str, reason: str, now: datetime, actor: str
+) -> int:
+    """Take back `failure` from those of `jobs` that carry it (issue 21 item 20: the host
+    loss that marked them proved wrong). The other writer of `Job.fleet_failure`, the undo
+    of `mark_fleet_failure`: a compare-and-set from that very reason, so a job marked for
+    another reason keeps it."""
+    cleared = 0
+    for job in jobs:
+        if job.fleet_failure != failure:
+            continue
+        if Job.objects.filter(pk=job.pk, fleet_failure=failure).update(
+            fleet_failure="", updated_at=now
+        ):
+            cleared += 1
+            audit.record(
+                actor=actor,
+                action="job.fleet_failure_cleared",
+                target=job,
+                detail={"reason": reason, "was": failure},
+                at=now,
+            )
+            emit("job.fleet_failure_cleared", job, at=now)
+    return cleared
 
 
 def fail_live_runners(
@@ -201,7 +238,7 @@ def link_job_runner(job: Job, *, now: datetime, actor: str) -> Runner | None:
         Job.objects.filter(pk=job.pk).update(runner=runner)
         job.runner_id = runner.pk
         emit("job.linked", job, at=now)
-    if JOB_RANK[job.status] == JOB_RANK[JobStatus.IN_PROGRESS]:
+    if JOB_RANK[JobStatus(job.status)] == JOB_RANK[JobStatus.IN_PROGRESS]:
         transition_runner(
             runner.pk, RunnerState.BUSY, now=now, actor=actor, reason=f"job {job.github_id} started"
         )
@@ -278,4 +315,68 @@ def spare_busy_workloads(
             lines.append(
                 f"runner {runner.name}: remove cancelled, job {job.github_id} still running"
             )
+    return lines
+
+
+def revive_after_host_loss(
+    host: Host, *, runners: Iterable[Runner], now: datetime, actor: str
+) -> list[str]:
+    """Issue 21 item 20: a runner failed because its host was lost, whose returning agent
+    shows its workload ran on (adopted at the agent's start, reported running, or reported
+    ended), is put back to the truth.
+
+    Only a runner failed with the host loss's message, on a host no longer lost, that GitHub
+    gave a job (in progress or completed by now): that job is the proof it was never gone.
+    The row goes failed -> busy (`transitions.revive_runner`, the one guarded way back), a
+    remove still queued for it is cancelled, and its jobs lose the loss's fleet-failure mark.
+    A job GitHub has already completed then ends it as any completed job does, so the row
+    reaches removed through draining. Runs inside the caller's transaction.
+    """
+    if Host.objects.filter(pk=host.pk, health=HostHealth.LOST).exists():
+        # Still lost: the next health tick would fail it again. The heartbeat that brings
+        # the host back comes first (`fleet.actions.record_inventory` records one).
+        return []
+    prefix = host_lost_prefix(host.name)
+    candidates = Runner.objects.filter(
+        host=host,
+        state=RunnerState.FAILED,
+        message__startswith=prefix,
+        pk__in=[r.pk for r in runners],
+    )
+    lines = []
+    for runner in candidates.order_by("pk"):
+        jobs = Job.objects.filter(Q(runner=runner) | Q(runner_name=runner.name))
+        job = (
+            jobs.filter(status__in=[JobStatus.IN_PROGRESS, JobStatus.COMPLETED])
+            .order_by("pk")
+            .first()
+        )
+        if job is None:
+            continue  # nothing shows it ran on: the loss's verdict stands
+        revived = revive_runner(
+            runner.pk,
+            failed_message_prefix=prefix,
+            now=now,
+            actor=actor,
+            reason=f"its host came back and it ran on with job {job.github_id}",
+            message="its host was judged lost and came back; the runner ran on",
+        )
+        if not revived.changed:
+            continue
+        cancel_tasks(
+            runner.tasks.filter(kind=TaskKind.REMOVE_RUNNER, state=TaskState.PENDING),
+            now=now,
+            actor=actor,
+            reason="its host came back and the runner ran on",
+        )
+        clear_fleet_failure(
+            jobs,
+            failure=HOST_LOST_JOB_FAILURE,
+            reason=f"runner {runner.name} ran on after its host came back",
+            now=now,
+            actor=actor,
+        )
+        if job.status == JobStatus.COMPLETED:
+            finish_job_runner(job, now=now, actor=actor)
+        lines.append(f"runner {runner.name}: busy again, it ran on with job {job.github_id}")
     return lines

@@ -33,7 +33,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -47,9 +47,10 @@ from runners.github.auth import (
     InstallationTokenCache,
     parse_github_time,
 )
+from runners.github.calls import CallStats, Listing
 from runners.github.errors import Conflict, GitHubError, NotFound, RateLimited, TransportError
 from runners.github.installation import InstallationClient, JitConfig
-from zoomies_site import metrics
+from zoomies_site.core import metrics
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -76,37 +77,6 @@ ETAG_CACHE_PAGES = 4096
 # A conditional page's cache key: (installation, URL, sorted query parameters).
 _PageKey = tuple[int | None, str, tuple[tuple[str, Any], ...]]
 _RATE_LIMIT_WORDS = ("rate limit", "abuse detection")
-
-
-@dataclass(frozen=True)
-class Listing:
-    """Every item of a list endpoint, and whether any page differed from the last answer.
-
-    `changed` is False only when GitHub answered 304 Not Modified for every page, which
-    it does not count against the rate limit; the items are then the remembered ones.
-    """
-
-    items: list[Any]
-    changed: bool = True
-    charged_calls: int = 0  # Pages answered 200 (counted against the quota).
-    truncated: bool = False  # Stopped at the caller's page limit with more pages left.
-
-
-@dataclass(frozen=True)
-class CallStats:
-    """What one installation's calls have cost, as last reported by GitHub's headers."""
-
-    calls: int = 0  # Requests that got an answer, whatever its status.
-    transport_errors: int = 0  # Requests that got none.
-    rate_limited: int = 0  # Answers that were rate-limit refusals.
-    not_modified: int = 0  # 304 answers to conditional requests (not counted by GitHub).
-    last_status: int | None = None
-    last_call_at: float | None = None
-    rate_limit_limit: int | None = None
-    rate_limit_remaining: int | None = None
-    rate_limit_used: int | None = None
-    rate_limit_reset: float | None = None  # Epoch seconds.
-    rate_limit_resource: str | None = None
 
 
 def _header_int(headers: httpx.Headers, name: str) -> int | None:

@@ -6,17 +6,65 @@ App's HTTP client, token cache, call accounting and conditional-list cache. No D
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import httpx
 
 from runners.github.auth import parse_github_time
+from runners.github.calls import CallStats, Listing
+from runners.github.errors import GitHubError
 
-if TYPE_CHECKING:
-    from runners.github.client import CallStats, GitHubApp, Listing
+
+class GitHubApp(Protocol):
+    """What an installation's client calls on the App that made it (client.GitHubApp): its
+    authenticated transport, accounting and answer checks. Named here, so this module does
+    not import client.py, which imports this one (issue 22)."""
+
+    def stats(self, installation_id: int | None) -> CallStats: ...
+
+    def _installation_request(
+        self,
+        installation_id: int,
+        method: str,
+        path_or_url: str,
+        *,
+        params: dict[str, Any] | None = None,
+        json: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response: ...
+
+    def _expect(
+        self, response: httpx.Response, method: str, path: str, installation_id: int | None,
+        *ok: int,
+    ) -> None: ...  # fmt: skip
+
+    def _error(
+        self, response: httpx.Response, method: str, path: str, installation_id: int | None
+    ) -> GitHubError: ...
+
+    def _body(
+        self, response: httpx.Response, method: str, path: str, installation_id: int | None
+    ) -> Any: ...
+
+    def _shape_error(self, method: str, path: str, installation_id: int | None) -> GitHubError: ...
+
+    def _listing(
+        self,
+        call: Callable[[str, dict[str, Any] | None, dict[str, str]], httpx.Response],
+        path: str,
+        params: dict[str, Any],
+        *,
+        key: str | None,
+        installation_id: int | None,
+        conditional: bool,
+        until: Callable[[list[Any]], bool] | None = None,
+        page_limit: int | None = None,
+    ) -> Listing: ...
+
 
 MAX_RUNNER_NAME = 64  # GitHub's limit; the same number as runners.naming.MAX_RUNNER_NAME.
 MAX_LABELS = 100  # generate-jitconfig takes 1..100 labels.
@@ -211,6 +259,15 @@ class InstallationClient:
     def runs(self, repo: str, status: str) -> Listing:
         """`list_runs` with whether anything changed since the last time it was asked."""
         return self._listing(f"{repo_path(repo)}/actions/runs", "workflow_runs", {"status": status})
+
+    def job(self, repo: str, job_id: int) -> dict[str, Any]:
+        """One workflow job (NotFound when GitHub has none by that id in `repo`)."""
+        body = self._call("GET", f"{repo_path(repo)}/actions/jobs/{int(job_id)}", 200)
+        if not isinstance(body, dict):
+            raise self.app._shape_error(
+                "GET", f"{repo_path(repo)}/actions/jobs", self.installation_id
+            )
+        return body
 
     def list_run_jobs(self, repo: str, run_id: int) -> list[dict[str, Any]]:
         """The jobs of one run (its latest attempt), all pages."""

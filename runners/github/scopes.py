@@ -1,7 +1,7 @@
 """Where an installation's runner registrations can live (the registration reap's targets).
 
 A pool registers its runners at its repository when it names one, else at the organisation
-(`runners.reconcile.registration_target`). So under an organisation installation the
+(`runners.registrations.registration_target`). So under an organisation installation the
 registrations are at the organisation and at every repository a pool names: listing only
 the organisation would leave a repository pool's orphans registered for ever.
 

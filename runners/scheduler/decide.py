@@ -80,11 +80,14 @@ def decide_with(snapshot: Snapshot, assign: JobAssigner, make_hosts: HostsFactor
     fails = provision_timeouts(snapshot, pools_by_id)
     failed_ids = frozenset(fail.runner_id for fail in fails)
     drains = idle_drains(snapshot, pools_by_id, failed_ids)
+    jobs_by_pool = assign(snapshot.queued_jobs, snapshot.pools)
+    drains += surplus_drains(
+        snapshot, pools_by_id, jobs_by_pool, failed_ids | {d.runner_id for d in drains}
+    )
     drained_ids = frozenset(drain.runner_id for drain in drains)
 
     books = build_books(snapshot.hosts, snapshot.runners, pools_by_id, released=failed_ids)
     hosts = make_hosts(snapshot.hosts, books)
-    jobs_by_pool = assign(snapshot.queued_jobs, snapshot.pools)
     runners_by_pool: dict[int, list[RunnerView]] = {}
     for runner in snapshot.runners:
         runners_by_pool.setdefault(runner.pool_id, []).append(runner)
@@ -187,6 +190,45 @@ def idle_drains(
     return tuple(drains)
 
 
+def surplus_drains(
+    snapshot: Snapshot,
+    pools_by_id: Mapping[int, PoolView],
+    jobs_by_pool: Mapping[int, Sequence[object]],
+    skip: frozenset[int],
+) -> tuple[DrainRunner, ...]:
+    """Idle runners beyond what their pool stands for (its warm count and its queued jobs),
+    idle for `surplus_idle_timeout`, the longest idle first (issue 21 item 18). The pool's
+    own idle timeout, where set, is judged before this by `idle_drains`."""
+    timeout = snapshot.settings.surplus_idle_timeout
+    if timeout is None or not _positive(timeout):
+        return ()
+    drains = []
+    idle_by_pool: dict[int, list[RunnerView]] = {}
+    for runner in snapshot.runners:
+        if runner.state == IDLE and runner.id not in skip:
+            idle_by_pool.setdefault(runner.pool_id, []).append(runner)
+    for pool_id, idle in sorted(idle_by_pool.items()):
+        pool = pools_by_id.get(pool_id)
+        wanted = (pool.warm if pool is not None else 0) + len(jobs_by_pool.get(pool_id, ()))
+        surplus = len(idle) - wanted
+        for runner in sorted(idle, key=lambda r: (r.state_changed_at, r.id))[: max(0, surplus)]:
+            idle_for = snapshot.now - runner.state_changed_at
+            if idle_for < timeout:
+                continue
+            drains.append(
+                DrainRunner(
+                    runner_id=runner.id,
+                    reason=(
+                        f"runner {runner.id} in {_pool_name(pools_by_id, pool_id)} idle for "
+                        f"{duration(idle_for)} beyond what the pool stands for ({wanted} warm "
+                        f"or queued), past {duration(timeout)} "
+                        "(scheduler.surplus_idle_timeout)"
+                    ),
+                )
+            )
+    return tuple(drains)
+
+
 def start_backoff(
     pool: PoolView,
     pool_runners: Sequence[RunnerView],
@@ -196,16 +238,21 @@ def start_backoff(
 ) -> PoolWait | None:
     """The pool's start backoff, or None when it may create now (SCHED-22).
 
-    The failures are the pool's failed runners still inside `failed_retention`, plus
-    `failing_now` failed by this very decision (stamped `now`). With n of them the wait is
-    start_backoff * 2**(n-1), capped at max_start_backoff and at the retention (the
-    failures it is computed from are gone by then), counted from the latest failure.
+    The failures are the pool's failed runners still inside `failed_retention` that never
+    came online (a failed start), plus `failing_now` failed by this very decision (stamped
+    `now`). With n of them the wait is start_backoff * 2**(n-1), capped at
+    max_start_backoff and at the retention (the failures it is computed from are gone by
+    then), counted from the latest failure. A runner that came online and then failed (its
+    host was lost, or joined again) says nothing about starting: counting those held a
+    pool's every start for minutes after one host went away.
     """
     retention = settings.failed_retention
     times = [
         _failed_at(runner)
         for runner in pool_runners
-        if runner.state == FAILED and now - _failed_at(runner) < retention
+        if runner.state == FAILED
+        and not runner.came_online
+        and now - _failed_at(runner) < retention
     ]
     times.extend([now] * failing_now)
     if not times:
@@ -294,8 +341,11 @@ def _plan_pool(
             PoolBlocked(
                 pool.id,
                 wanted - need,
-                f"{count(wanted - need, 'more runner')} wanted in {pool.name} held back by its "
-                f"cap of {pool.max_runners} (it has {live} live)",
+                # Every number agrees with the others (issue 21 item 6): "held back by
+                # its cap of 4 (it has 0 live)" read as a contradiction.
+                f"{count(wanted, 'runner')} wanted in {pool.name}, its cap of "
+                f"{pool.max_runners} leaves room for {cap_room} ({live} live), so "
+                f"{wanted - need} wait for a runner to end",
             )
         )
     if need == 0:

@@ -36,6 +36,10 @@ class SchedulerSettings:
     max_start_backoff: timedelta = timedelta(minutes=5)
     max_runner_lifetime: timedelta | None = None  # None: unlimited.
     default_idle_timeout: timedelta | None = None  # For pools that set none; None: never.
+    # An idle runner beyond its pool's warm count and queued jobs is drained after this
+    # long whatever the idle timeout says (issue 21 item 18: runners made for jobs GitHub
+    # had already finished stayed idle for good); None: never.
+    surplus_idle_timeout: timedelta | None = timedelta(minutes=10)
     # How long an ephemeral runner that ended cleanly, with no job heard of, still stands
     # for the job it must have run: GitHub's word on that job may lag (webhooks reordered
     # or lost until the next poll), and without it the job would look queued and get a
@@ -91,6 +95,7 @@ class HostView:
     cpus: float | None
     memory_mb: int | None
     pressure_hold: bool = False
+    hold_reason: str = ""  # what the sample that holds it showed
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,10 @@ class RunnerView:
     unlinked_exit: bool = False
     # Where it is registered; None when not yet known (a row written before its mint).
     installation_id: int | None = None
+    # GitHub showed it online, or it took a job: if it fails now, its start did not.
+    came_online: bool = False
+    # HOST-29: memory its host's valve lent it above `memory_mb`, charged with it.
+    lent_mb: int = 0
 
 
 @dataclass(frozen=True)

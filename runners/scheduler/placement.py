@@ -85,7 +85,11 @@ def no_room_text(
         elif host.cordoned:
             why = "cordoned"
         elif host.pressure_hold:
-            why = "under CPU or memory pressure"
+            why = (
+                f"under pressure: {host.hold_reason}"
+                if host.hold_reason
+                else ("under CPU or memory pressure")
+            )
         else:
             charge = pool_charge(pool.cpus, pool.memory_mb, pool.dind, host)
             why = books[host.id].shortfall(charge) or "no room"

@@ -73,10 +73,10 @@ def runner_charge(runner: RunnerView, pool: PoolView | None, host: HostView) -> 
         dind,
         host,
     )
-    return Charge(
-        cpus=runner.cpus if runner.cpus is not None else rule.cpus,
-        memory_mb=runner.memory_mb if runner.memory_mb is not None else rule.memory_mb,
-    )
+    memory = runner.memory_mb if runner.memory_mb is not None else rule.memory_mb
+    if memory is not None and runner.lent_mb > 0:
+        memory += runner.lent_mb  # HOST-29: a loan is charged until the runner ends
+    return Charge(cpus=runner.cpus if runner.cpus is not None else rule.cpus, memory_mb=memory)
 
 
 class HostBooks:

@@ -12,6 +12,7 @@
         `<a href="/pools/${p.id}/edit">Edit</a> <button type="button" data-act="delete">Delete</button></td>` : "";
     return `<tr data-id="${p.id}"><td data-label="Name">${esc(p.name)}</td>` +
       `<td data-label="Labels">${esc((p.labels || []).join(", "))}</td><td data-label="Backend">${esc(p.backend)}</td>` +
+      `<td data-label="Runs"><code>${esc(p.runs)}</code></td>` +
       `<td data-label="Warm / max">${esc(p.warm)} / ${esc(p.max_runners)}</td>` +
       `<td data-label="State"><span class="badge ${p.paused ? "paused" : "healthy"}">${state}</span></td>${button}</tr>`;
   }

@@ -12,7 +12,8 @@
     return `<tr data-id="${r.id}" data-name="${esc(r.name)}" data-state="${esc(r.state)}">` +
       `<td data-label="Name">${esc(r.name)}</td><td data-label="Pool">${esc(r.pool)}</td>` +
       `<td data-label="Host">${esc(r.host)}</td><td data-label="State"><span class="badge ${esc(r.state)}">` +
-      `${esc(r.state)}</span>${r.phase ? ` <small>${esc(r.phase)}</small>` : ""}</td>` +
+      `${esc(r.state)}</span>${r.phase ? ` <small>${esc(r.phase)}</small>` : ""}` +
+      `${r.state === "idle" && !r.online_at ? " <small>not yet online at GitHub</small>" : ""}</td>` +
       `<td data-label="Since"><time datetime="${esc(r.state_changed_at)}">${esc(r.state_changed_at)}</time></td>` +
       `<td data-label="Message" class="message">${esc(r.message)}</td>${drain}</tr>`;
   }
@@ -46,7 +47,14 @@
 
   Zoomies.act = async (act, id) => {
     if (act === "drain") {
-      show(id, await Zoomies.api(`runners/${id}/drain`, {method: "POST"}));
+      // RUN-12: a busy runner is drained only once the operator has said so.
+      const row = tbody.querySelector(`tr[data-id="${id}"]`);
+      let ask = "";
+      if (row && row.dataset.state === "busy") {
+        if (!confirm(`Runner ${row.dataset.name} is running a job. Drain it? The job gets the drain grace, then the runner is stopped.`)) return;
+        ask = "?confirm=true";
+      }
+      show(id, await Zoomies.api(`runners/${id}/drain${ask}`, {method: "POST"}));
     } else if (act === "output") {
       const r = await Zoomies.api(`runners/${id}`);
       document.getElementById("output-title").textContent = `${r.name}: ${r.message}`;

@@ -14,7 +14,7 @@ from accounts.models import ApiToken, AuditLog, User
 from fleet.models import AgentTask, Host, JoinToken, Machine
 from runners.models import Installation, Job, Pool, Runner, WebhookDelivery
 from tests.accounts.conftest import make_user, mint
-from zoomies_site.models import Lease
+from zoomies_site.core.models import Lease
 
 pytestmark = pytest.mark.django_db
 

@@ -10,10 +10,13 @@ from django.utils import timezone
 
 from accounts import audit
 from accounts.models import ApiToken, AuditLog
-from fleet.models import Host
+from fleet import provider_actions, provider_setups
+from fleet.models import Host, Machine, MachineProvider
+from fleet.states import MachineState
 from runners.models import Installation, Pool, Runner
 from tests.accounts.conftest import client_for, make_user, mint
 from tests.accounts.test_route_walk import ROUTES
+from tests.fleet.providers import pve
 from zoomies_site.actions import set_setting
 from zoomies_site.backup import service
 
@@ -143,6 +146,61 @@ def _user_deactivate():
     return lambda client: client.post(f"/api/v1/users/{user.pk}/deactivate")
 
 
+_LOCAL_PROVIDER = {
+    "name": "box-1", "kind": "local", "pools": ["zoomies-linux-x64"], "max_machines": 3,
+    "max_per_pool": 2, "slots_per_machine": 1, "config": {"capacity": 1, "backend": "process"},
+}  # fmt: skip
+
+
+def _provider_create():
+    return lambda client: client.post("/api/v1/providers", _LOCAL_PROVIDER, format="json")
+
+
+def _a_provider() -> MachineProvider:
+    return provider_actions.create_provider(dict(_LOCAL_PROVIDER), actor="test", now=timezone.now())
+
+
+def _provider_edit():
+    row = _a_provider()
+    return lambda client: client.patch(
+        f"/api/v1/providers/{row.pk}", {"max_machines": 5}, format="json"
+    )
+
+
+def _provider_delete():
+    row = _a_provider()
+    return lambda client: client.delete(f"/api/v1/providers/{row.pk}")
+
+
+def _machine_release():
+    now = timezone.now()
+    row = Machine.objects.create(
+        name="zoomies-m-1", provider="box-1", state=MachineState.QUARANTINED,
+        created_at=now, state_changed_at=now,
+    )  # fmt: skip
+    return lambda client: client.post(f"/api/v1/machines/{row.pk}/release")
+
+
+def _setup_start():
+    return lambda client: client.post("/api/v1/provider-setups", {"name": "pve-a"}, format="json")
+
+
+def _setup_discover():
+    server = pve.serve()
+    setup, capability = provider_setups.start_setup(name="pve-a", actor="test", now=timezone.now())
+    body = {"endpoint": server.url, "ca_pem": server.certificates.ca_file.read_text(),
+            "token_id": pve.TOKEN_ID, "secret": pve.SECRET}  # fmt: skip
+    provider_setups.enroll_setup(capability, body, now=timezone.now())
+
+    def call(client):
+        try:
+            return client.post(f"/api/v1/provider-setups/{setup.pk}/discover")
+        finally:
+            server.stop()
+
+    return call
+
+
 # One valid call per mutating route: a route the walk finds and this table lacks fails below.
 RECIPES = {
     ("api-pools", "POST"): (_pool, "pool.create"),
@@ -156,6 +214,7 @@ RECIPES = {
     ("api-host-cordon", "POST"): (_host_verb("cordon"), "host.cordon"),
     ("api-host-uncordon", "POST"): (_host_verb("uncordon", cordoned=True), "host.uncordon"),
     ("api-host-drain", "POST"): (_host_verb("drain"), "host.drain"),
+    ("api-host-check", "POST"): (_host_verb("check"), "host.check"),
     ("api-join-tokens", "POST"): (_join_token, "join_token.create"),
     ("api-installations", "POST"): (_installation_add, "installation.create"),
     ("api-installation", "DELETE"): (_installation_remove, "installation.remove"),
@@ -168,6 +227,12 @@ RECIPES = {
     ("api-user-deactivate", "POST"): (_user_deactivate, "user.deactivate"),
     ("api-backups", "POST"): (_backup_request, "backup.requested"),
     ("api-backup-verify", "POST"): (_backup_verify, "backup.verify"),
+    ("api-providers", "POST"): (_provider_create, "provider.create"),
+    ("api-provider", "PATCH"): (_provider_edit, "provider.update"),
+    ("api-provider", "DELETE"): (_provider_delete, "provider.delete"),
+    ("api-machine-release", "POST"): (_machine_release, "machine.deleted"),
+    ("api-provider-setups", "POST"): (_setup_start, "provider_setup.start"),
+    ("api-provider-setup-discover", "POST"): (_setup_discover, "provider_setup.discover"),
 }
 MUTATING = sorted({(name, method) for name, _path, method in ROUTES if method != "GET"})
 

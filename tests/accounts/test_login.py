@@ -104,3 +104,22 @@ def test_usernames_are_counted_without_regard_to_case(ada):
     for _ in range(registry.get("auth.login_max_failures")):
         login.record_failure("ADA", "10.0.0.1")
     assert login.refusal("ada", "10.1.1.1")
+
+
+def test_failed_sign_ins_and_the_hold_they_cause_are_audited(ada):
+    """Issue 21 item 15: each failed sign-in is an audit row (the username tried, the
+    address), and so is the failure that puts the username on hold; a held attempt writes
+    nothing more (the hold is already on record)."""
+    from accounts.models import AuditLog  # noqa: PLC0415
+
+    limit = registry.get("auth.login_max_failures")
+    client = Client()
+    for i in range(limit):
+        sign_in(client, "Ada", f"wrong {i}", ip="10.0.0.7")
+    sign_in(client, "ada", PASSWORD, ip="10.0.0.7")  # held
+    failed = AuditLog.objects.filter(action="auth.sign_in_failed")
+    assert failed.count() == limit
+    assert failed.first().detail == {"username": "ada", "ip": "10.0.0.7"}
+    assert failed.first().actor == "anonymous"
+    (held,) = AuditLog.objects.filter(action="auth.sign_in_held")
+    assert held.detail["username"] == "ada" and "Too many failed sign-ins" in held.detail["why"]

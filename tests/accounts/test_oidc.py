@@ -95,7 +95,7 @@ def sign_in(live_server, sub: str) -> httpx.Client:
     return browser
 
 
-def test_auth02_a_mapped_user_signs_in_through_the_provider(sso, live_server):
+def test_auth02_fake06_a_mapped_user_signs_in_through_the_provider(sso, live_server):
     set_claims(sso, "alice-sub", preferred_username="alice", email="alice@example.com",
                groups=["staff", "zoomies-admins"])  # fmt: skip
     browser = sign_in(live_server, "alice-sub")

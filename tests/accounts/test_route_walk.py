@@ -40,6 +40,14 @@ POLICY = {
     "api-installations": {"POST": ("admin", "admin")},
     "api-installation": {"DELETE": ("admin", "admin")},
     "api-setting": {"PUT": ("admin", "admin"), "DELETE": ("admin", "admin")},
+    # Machine providers and the release of a quarantined machine (issue 23 item 7).
+    "api-providers": {"POST": ("admin", "admin")},
+    "api-provider": {"PATCH": ("admin", "admin"), "DELETE": ("admin", "admin")},
+    "api-machine-release": {"POST": ("admin", "admin")},
+    # Proxmox onboarding (issue 24 item 4): the admin's, reading a setup included.
+    "api-provider-setups": {"POST": ("admin", "admin")},
+    "api-provider-setup": {"GET": ("admin", "admin")},
+    "api-provider-setup-discover": {"POST": ("admin", "admin")},
 }
 
 

@@ -9,8 +9,8 @@ import stat
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from accounts import sealing
-from accounts.sealing import SealError, key_source, seal, unseal, unseal_text
+from zoomies_site.core import sealing
+from zoomies_site.core.sealing import SealError, key_source, seal, unseal, unseal_text
 
 
 @pytest.fixture(autouse=True)

@@ -35,7 +35,7 @@ from capacity.models import (
 from capacity.snapshot import build
 from fleet.models import Host
 from tests.capacity.conftest import Loop, make_pool, queue_jobs
-from zoomies_site.models import Lease
+from zoomies_site.core.models import Lease
 
 pytestmark = pytest.mark.django_db
 

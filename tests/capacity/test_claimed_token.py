@@ -28,7 +28,7 @@ from fleet.agent.client import ControllerClient, Unauthorized
 from fleet.models import Host
 from fleet.selectors import hash_secret
 from tests.capacity.test_claims import FACTS, claiming, scale_up  # noqa: F401
-from zoomies_site.models import Event
+from zoomies_site.core.models import Event
 
 pytestmark = pytest.mark.django_db
 CONTROLLER = "http://testserver"

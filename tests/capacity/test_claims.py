@@ -170,9 +170,15 @@ def test_esc03_a_join_with_neither_token_nor_code_is_still_refused(client):
     assert answer.status_code == 401
 
 
-def test_esc09_the_machine_dials_the_configured_url_else_the_controllers_own(loop, receiver):
+def test_esc09_the_machine_dials_the_configured_url_else_the_controllers_own(
+    loop, receiver, registry_defaults
+):
     """ESC-09: with no capacity_demand.controller_url, the controller's listening URL."""
 
     assert controller_url(loop.config) == "http://127.0.0.1:8080"  # server.bind's default
     configured = dataclasses.replace(loop.config, controller_url="https://zoomies.example")
     assert controller_url(configured) == "https://zoomies.example"
+    # Issue 27 item 6: else the controller's public URL, never the loopback bind.
+    registry_defaults.set("server.public_url", "https://ci.example/")
+    assert controller_url(loop.config) == "https://ci.example"
+    assert controller_url(configured) == "https://zoomies.example"  # the destination's first

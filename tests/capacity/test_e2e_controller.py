@@ -26,6 +26,7 @@ Job.objects.create(github_id=4242, repository="octo/app", labels=["self-hosted",
 """
 
 
+@pytest.mark.slow  # a kill drill (30 s): .ci/run's slow pass, after the test command
 def test_cap17_cap18_a_controller_killed_between_tries_resumes_the_attempt(tmp_path):
     secret = secrets.token_hex(32)
     receiver = ScriptedReceiver(secret, str(tmp_path / "receiver.db"), lambda: datetime.now(UTC))

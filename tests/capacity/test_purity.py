@@ -7,12 +7,13 @@ checked in a fresh interpreter.
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.purity import impurities_in
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE_MODULES = ("capacity/planner.py", "capacity/events.py")
@@ -38,25 +39,10 @@ ALLOWED = frozenset(
         "capacity.planner",
     }
 )
-CLOCKS = frozenset({"now", "utcnow", "today", "time", "monotonic", "perf_counter", "time_ns"})
 
 
 def violations(source: str, filename: str) -> list[str]:
-    found = []
-    for node in ast.walk(ast.parse(source, filename)):
-        where = f"{filename}:{getattr(node, 'lineno', '?')}"
-        if isinstance(node, ast.Import):
-            found += [f"{where}: import {a.name}" for a in node.names if a.name not in ALLOWED]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level or (node.module or "") not in ALLOWED:
-                found.append(f"{where}: from {'.' * node.level}{node.module} import ...")
-        elif isinstance(node, ast.Call):
-            func = node.func
-            if isinstance(func, ast.Attribute) and func.attr in CLOCKS:
-                found.append(f"{where}: clock call .{func.attr}()")
-            elif isinstance(func, ast.Name) and func.id in {"__import__", "open", "eval"}:
-                found.append(f"{where}: call {func.id}()")
-    return found
+    return impurities_in(source, filename, ALLOWED)
 
 
 @pytest.mark.parametrize("module", PURE_MODULES)

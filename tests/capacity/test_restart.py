@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from capacity.loop import step
 from capacity.models import Attempt, AttemptState, Try
 from tests.capacity.conftest import SECRET, make_pool, queue_jobs
 from tests.conftest import child_database_env
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,14 +39,6 @@ config = dataclasses.replace(
 deliver(int(sys.argv[1]), clock=timezone.now, sleep=time.sleep, config=config)
 print("finished", flush=True)
 """
-
-
-def wait_until(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        time.sleep(0.05)
 
 
 @pytest.mark.django_db(transaction=True)

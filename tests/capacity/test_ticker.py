@@ -8,9 +8,10 @@ import pytest
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from capacity import tasks
+from capacity import loop, tasks
 from zoomies_site import ticker
-from zoomies_site.core import leases
+from zoomies_site.core import controller_lock, leases
+from zoomies_site.core.models import Lease
 
 
 @pytest.mark.django_db
@@ -40,6 +41,41 @@ def test_esc14_esc19_the_step_task_runs_only_on_the_lease_holder(monkeypatch, re
     tasks.capacity_step_task()
     assert len(ran) == 1
     assert REGISTRY.get_sample_value("zoomies_capacity_reap_blocked") == 0
+
+
+@pytest.mark.django_db
+def test_esc19_the_backstop_stands_down_while_the_controller_lease_is_lost(
+    monkeypatch, registry_defaults
+):
+    """The peer's "connected to no known peer": another controller took this one's lease
+    (controller.lease_lost). The step still runs (scale-ups, deliveries) but no provision is
+    timed out or torn down, and the gauge reads 1 until a fresh acquire clears the mark."""
+    asked = []
+    monkeypatch.setattr(
+        "capacity.loop.step", lambda now, **kw: asked.append(kw["run_backstop"]) or _Report()
+    )
+    tasks.capacity_step_task()
+    assert asked == [True]
+    assert REGISTRY.get_sample_value("zoomies_capacity_reap_blocked") == 0
+    controller_lock.record_lease_lost(holder="other-host:42", now=timezone.now())
+    tasks.capacity_step_task()
+    assert asked == [True, False]
+    assert REGISTRY.get_sample_value("zoomies_capacity_reap_blocked") == 1
+    Lease.objects.filter(name=controller_lock.LOST_MARK).delete()  # what a fresh acquire does
+    tasks.capacity_step_task()
+    assert asked == [True, False, True]
+    assert REGISTRY.get_sample_value("zoomies_capacity_reap_blocked") == 0
+
+
+@pytest.mark.django_db
+def test_esc19_a_step_told_to_stand_down_tears_nothing_down(monkeypatch, config):
+    assert config.enabled
+    swept = []
+    monkeypatch.setattr("capacity.backstop.run", lambda now, **kw: swept.append(now) or [])
+    loop.step(timezone.now(), dispatch=lambda _id: None, config=config, run_backstop=False)
+    assert swept == []
+    loop.step(timezone.now(), dispatch=lambda _id: None, config=config)
+    assert len(swept) == 1
 
 
 class _Report:

@@ -71,7 +71,7 @@ def test_run11_a_runner_is_drained_and_a_finished_one_is_a_409(ops):
     pool = make_pool()
     host = Host.objects.create(name="zoomies-h", capacity=2)
     busy = make_runner(pool, "busy", host)
-    answer = ops.post(f"/api/v1/runners/{busy.pk}/drain")
+    answer = ops.post(f"/api/v1/runners/{busy.pk}/drain?confirm=true")
     assert answer.status_code == 200 and answer.json()["state"] == "draining"
     grace = registry.get("runners.drain_grace").total_seconds()
     assert busy.tasks.get().payload["grace"] == int(grace)  # a busy runner keeps the grace
@@ -205,3 +205,40 @@ def test_the_overview_counts_what_the_rows_say(ops):
     overview = ops.get("/api/v1/overview").json()
     assert overview["queued_jobs"] == 1 and overview["runners_by_state"]["busy"] == 1
     assert len(overview["queue_time"]["points"]) == 12
+
+
+def test_run12_draining_a_busy_runner_needs_the_operators_confirmation(ops):
+    pool = make_pool()
+    host = Host.objects.create(name="zoomies-h", capacity=2)
+    busy = make_runner(pool, "busy", host)
+    refused = ops.post(f"/api/v1/runners/{busy.pk}/drain")
+    assert refused.status_code == 409 and "confirm=true" in refused.json()["detail"]
+    busy.refresh_from_db()
+    assert busy.state == "busy" and not busy.tasks.exists()
+    idle = make_runner(pool, "idle", host, n=1)
+    assert ops.post(f"/api/v1/runners/{idle.pk}/drain").status_code == 200  # no job: no ask
+    assert ops.post(f"/api/v1/runners/{busy.pk}/drain?confirm=true").json()["state"] == "draining"
+
+
+def test_run13_pausing_or_deleting_a_pool_or_draining_a_host_drains_its_starting_runners(ops):
+    pool = make_pool()
+    host = Host.objects.create(name="zoomies-h", capacity=8)
+    starting = [
+        make_runner(pool, s, host, n=i) for i, s in enumerate(("provisioning", "registering"))
+    ]
+    busy = make_runner(pool, "busy", host, n=5)
+    assert ops.post(f"/api/v1/pools/{pool.pk}/pause").status_code == 200
+    states = dict(Runner.objects.values_list("name", "state"))
+    assert [states[r.name] for r in starting] == ["draining", "draining"]
+    assert states[busy.name] == "busy"  # a live one finishes its job
+    other = make_pool("zoomies-other")
+    late = make_runner(other, "provisioning", host, n=7)
+    refused = ops.delete(f"/api/v1/pools/{other.pk}")
+    assert (
+        refused.status_code == 409 and "1 still starting were drained" in refused.json()["detail"]
+    )
+    assert Runner.objects.get(pk=late.pk).state == "draining"
+    third = make_pool("zoomies-third")
+    on_host = make_runner(third, "registering", host, n=9)
+    ops.post(f"/api/v1/hosts/{host.pk}/drain")
+    assert Runner.objects.get(pk=on_host.pk).state == "draining"

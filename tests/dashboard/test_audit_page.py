@@ -76,3 +76,45 @@ def test_a_time_that_is_not_one_is_said_and_shows_nothing(pools, page, cast):
     assert (
         client_for(cast["viewer"]).get("/api/v1/audit", {"since": "yesterday"}).status_code == 400
     )
+
+
+def test_people_come_first_the_controllers_own_rows_behind_the_who_filter(pools, cast):
+    """Issue 21 item 15: after half an hour the log is mostly the controller's own rows;
+    the page shows people and their tokens unless asked for the controller's or agents'."""
+    from accounts import audit  # noqa: PLC0415
+
+    audit.record(actor="system:reconcile", action="runner.created", detail={"pool": "a"})
+    audit.record(actor="agent:box-1", action="runner.reported", detail={"state": "idle"})
+    client = Client()
+    client.force_login(cast["viewer"])
+
+    def actors(query: str) -> list[str]:
+        html = client.get(f"/audit{query}").content.decode()
+        return re.findall(r'<td data-label="Actor">([^<]*)</td>', html)
+
+    people = actors("")
+    assert {"user:ada", "user:otto"} <= set(people)
+    assert not {"system:reconcile", "agent:box-1"} & set(people)
+    assert actors("?who=controller") == ["system:reconcile"]
+    assert actors("?who=agents") == ["agent:box-1"]
+    assert sorted(actors("?who=all")) == sorted([*people, "system:reconcile", "agent:box-1"])
+    api = client_for(cast["viewer"])
+    everyone = api.get("/api/v1/audit").json()["results"]  # the API's default: all
+    assert len(everyone) == len(people) + 2
+    rows = api.get("/api/v1/audit", {"who": "controller"}).json()["results"]
+    assert [r["actor"] for r in rows] == ["system:reconcile"]
+    assert api.get("/api/v1/audit", {"who": "robots"}).status_code == 400
+
+
+def test_details_are_shown_as_fields_not_as_python_text(cast):
+    from accounts import audit  # noqa: PLC0415
+
+    audit.record(
+        actor="user:ada", action="pool.update", detail={"name": "a", "changed": {"max": [2, 4]}}
+    )
+    client = Client()
+    client.force_login(cast["viewer"])
+    html = client.get("/audit").content.decode()
+    assert "<dt>name</dt><dd>a</dd>" in html
+    assert "<dt>changed</dt><dd>{&quot;max&quot;: [2, 4]}</dd>" in html
+    assert "{&#x27;name&#x27;" not in html  # no dict repr

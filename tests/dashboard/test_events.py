@@ -33,8 +33,8 @@ from runners.transitions import transition_runner
 from tests.accounts.conftest import client_for
 from zoomies_site import stream
 from zoomies_site.consumers import UNAUTHENTICATED, EventConsumer
-from zoomies_site.events import prune_events
-from zoomies_site.models import Event
+from zoomies_site.core.events import prune_events
+from zoomies_site.core.models import Event
 from zoomies_site.sse import event_frames
 
 pytestmark = pytest.mark.django_db

@@ -4,12 +4,16 @@ pool actions with one audit row each."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 from django.utils.html import escape
 
 from accounts.models import AuditLog
+from fleet.models import Host
 from runners.models import Pool
+from runners.naming import validate_pool_name
 from tests.accounts.conftest import client_for
 from zoomies_site.dashboard_pools import body_from_form
 
@@ -92,3 +96,31 @@ def test_a_viewer_may_not_open_or_post_the_pool_forms(cast):
     assert not Pool.objects.exists()
     assert Client().get("/pools/new").status_code == 302  # to sign in
     assert 'id="new-pool"' not in viewer.get("/pools").content.decode()
+
+
+def test_issue21_item14_every_error_comes_on_the_first_submit(cast):
+    """Issue 21 item 14: a bad number kept the pool's own validation from running, so the
+    form said two things on the first submit and five more on the second. Now one submit
+    names every field the second would have."""
+    form = {**FORM, "cpus": "lots", "name": "Bad Name!", "labels": "a\tb", "host_selector": "zone"}
+    text = signed_in(cast["operator"]).post("/pools/new", form).content.decode()
+    for field in ("cpus", "name", "labels", "host_selector"):
+        assert f"<code>{field}</code>:" in text, field
+    # Fixing the number alone leaves exactly the rest: nothing new appears on a resubmit.
+    fixed = signed_in(cast["operator"]).post("/pools/new", {**form, "cpus": ""})
+    named = {f for f in FORM if f"<code>{f}</code>:" in fixed.content.decode()}
+    assert named == {"name", "labels", "host_selector"}
+    assert not Pool.objects.exists()
+
+
+def test_issue21_item14_a_new_pools_form_offers_what_the_hosts_offer_and_a_valid_name(cast):
+    """The placeholder name is one the validation accepts, and the preselected backend is
+    one a healthy host offers (docker was preselected with only process hosts)."""
+    page = signed_in(cast["operator"])
+    text = page.get("/pools/new").content.decode()
+    placeholder = re.search(r'name="name"[^>]*placeholder="([^"]+)"', text).group(1)
+    validate_pool_name(placeholder)
+    assert re.search(r'<option value="process" selected>', text)  # no hosts: process
+    Host.objects.create(name="zoomies-h1", backends=["podman"], health="healthy", capacity=2)
+    text = page.get("/pools/new").content.decode()
+    assert re.search(r'<option value="podman" selected>', text)

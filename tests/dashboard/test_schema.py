@@ -23,7 +23,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from fleet.models import Host
+from fleet import provider_actions
+from fleet.machines import plan_machine
+from fleet.models import Host, Machine
 from runners.actions import pools
 from runners.models import Installation, Job, Runner
 from tests.accounts.conftest import make_user, mint
@@ -59,6 +61,14 @@ def fleet(db):
         github_id=5, repository="acme/app", labels=["self-hosted"], status="queued",
         created_at=now, updated_at=now,
     )  # fmt: skip
+    # Issue 23 item 7: a provider and machines for the machine routes; one has a host (set
+    # here: joining takes the machine loop and a provider answering it).
+    provider_actions.create_provider(
+        {"name": "fake", "kind": "fake", "pools": ["zoomies-a"]}, actor="t", now=now
+    )
+    plan_machine(provider="fake", pool_id=pool.pk, now=now, reason="a queued job")
+    joined = plan_machine(provider="fake", pool_id=pool.pk, now=now, reason="a queued job")
+    Machine.objects.filter(pk=joined.pk).update(host=host)
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
 """What the drills read off a controller after a burst, and the wait for it to settle.
 
 The drills (tests/e2e/test_drills_*.py) each end the same way: every runner ended, no runner
-process left, every agent task ended. These read the controller's SQLite file and /proc
-directly, since a drill's controller may be down or degraded when they are asked.
+process left, every agent task ended. These read the controller's database (its SQLite file,
+or its PostgreSQL database on a PostgreSQL run) and /proc directly, since a drill's
+controller may be down or degraded when they are asked.
 """
 
 from __future__ import annotations
@@ -10,27 +11,34 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import psycopg
+
 from tests.e2e.harness import wait_for
 
 
-def task_states(data_dir: Path) -> dict[str, int]:
-    """The agent tasks by state, read from the controller's SQLite file."""
-    db = sqlite3.connect(data_dir / "zoomies.db", timeout=30)
+def query(controller, sql: str, params: tuple = ()) -> list[tuple]:
+    """Rows of one read of the controller's own database, whichever engine it runs on
+    (`sql` with `%s` placeholders)."""
+    url = controller.env.get("ZOOMIES_DATABASE_URL")
+    if url:
+        with psycopg.connect(url) as db:
+            return db.execute(sql, params).fetchall()
+    db = sqlite3.connect(controller.data_dir / "zoomies.db", timeout=30)
     try:
-        rows = db.execute("SELECT state, COUNT(*) FROM fleet_agenttask GROUP BY state")
-        return dict(rows.fetchall())
+        return db.execute(sql.replace("%s", "?"), params).fetchall()
     finally:
         db.close()
 
 
-def audited(data_dir: Path, action: str) -> int:
+def task_states(controller) -> dict[str, int]:
+    """The agent tasks by state, read from the controller's database."""
+    return dict(query(controller, "SELECT state, COUNT(*) FROM fleet_agenttask GROUP BY state"))
+
+
+def audited(controller, action: str) -> int:
     """How many audit rows of this action the controller wrote (rows outlive the runners)."""
-    db = sqlite3.connect(data_dir / "zoomies.db", timeout=30)
-    try:
-        rows = db.execute("SELECT COUNT(*) FROM accounts_auditlog WHERE action = ?", (action,))
-        return rows.fetchone()[0]
-    finally:
-        db.close()
+    sql = "SELECT COUNT(*) FROM accounts_auditlog WHERE action = %s"
+    return query(controller, sql, (action,))[0][0]
 
 
 def live_workloads(data_dir: Path) -> int:
@@ -47,11 +55,11 @@ def live_workloads(data_dir: Path) -> int:
     return count
 
 
-def tasks_once_ended(data_dir: Path) -> dict[str, int]:
+def tasks_once_ended(controller) -> dict[str, int]:
     """Waits until no agent task is pending or in flight; the tasks by state."""
     return wait_for(
         lambda: (
-            (t := task_states(data_dir)) and not t.get("pending") and not t.get("in_flight") and t
+            (t := task_states(controller)) and not t.get("pending") and not t.get("in_flight") and t
         ),
         120,
         "every agent task to end",
@@ -67,4 +75,4 @@ def settled(controller) -> dict[str, int]:
         "every runner to end",
     )
     wait_for(lambda: live_workloads(controller.data_dir) == 0, 90, "no runner process left")
-    return tasks_once_ended(controller.data_dir)
+    return tasks_once_ended(controller)

@@ -38,7 +38,7 @@ CHROMIUM_ARGS = [
 PAGES = {
     "overview": "", "pools": "pools", "pool-new": "pools/new", "pool-edit": "pools/{pool}/edit",
     "runners": "runners", "jobs": "jobs", "hosts": "hosts", "capacity": "capacity",
-    "audit": "audit", "settings": "settings", "users": "users",
+    "audit": "audit", "settings": "settings", "users": "users", "machines": "machines",
 }  # fmt: skip
 OTHER_SHOTS = ["runners-busy", "problems-drawer", "admin", "api-pools", "jobs-phone"]
 PASSWORD = "correct horse battery staple 42"
@@ -156,6 +156,14 @@ def test_evt01_a_runner_appears_goes_busy_and_leaves_the_runners_page_without_a_
         page.wait_for_selector("#live[data-state]")
         assert page.locator("main h1").inner_text().strip(), shot
         watch.shoot(shots, shot)
+    # Issue 21 item 14: the minted token lands in the join line a host can run as it is.
+    page.goto(f"{controller.url}/hosts")
+    page.click("#mint-join-token")
+    page.wait_for_function("document.getElementById('join-token-secret').textContent !== ''")
+    secret = page.locator("#join-token-secret").inner_text().strip()
+    assert page.locator("#join-command").inner_text().strip() == (
+        f"ZOOMIES_JOIN_TOKEN={secret} zoomies-agent --controller {controller.url}"
+    )
     page.click("#problems-toggle")
     page.wait_for_selector("#problems:not([hidden])")
     watch.shoot(shots, "problems-drawer", full_page=False)

@@ -166,3 +166,74 @@ def test_arch08_host04_a_remote_agent_runs_jobs_then_is_lost_when_killed(github,
     assert busy.state == "failed"
     assert "lost" in busy.message
     assert Job.objects.get(github_id=long_job).fleet_failure
+
+
+def process_tree(root: int) -> set[int]:
+    """`root` and every process descended from it, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def listening_sockets(pids: set[int]) -> list[str]:
+    """TCP and UDP sockets held by `pids` that wait for someone to connect (TCP LISTEN, or
+    any bound UDP socket), as "proto port"."""
+    inodes: set[str] = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    found = []
+    for proto in ("tcp", "tcp6", "udp", "udp6"):
+        try:
+            lines = open(f"/proc/net/{proto}").read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if inode in inodes and (state == "0A" or proto.startswith("udp")):
+                found.append(f"{proto} {int(local.rsplit(':', 1)[1], 16)}")
+    return found
+
+
+def test_arch06_no_agent_or_runner_waits_for_a_connection_and_no_host_has_an_address(
+    github, remote_agent
+):
+    """ARCH-06: with a runner busy on the remote host, neither its agent nor anything the
+    agent started listens on a port (every connection is theirs, outward), and a host's row
+    holds no address the controller could dial."""
+    host = wait_for(
+        lambda: Host.objects.filter(name="zoomies-remote-1").first(), 30, "the agent to join"
+    )
+    job = github.queue_job(repo="acme/app", labels=LABELS, duration=600)
+    bound = drive_until(
+        lambda: Job.objects.filter(github_id=job, runner__isnull=False).first(),
+        60,
+        "the job bound to a runner",
+    )
+    drive_until(lambda: Runner.objects.filter(pk=bound.runner_id, state="busy").exists(), 60,
+                "its runner busy")  # fmt: skip
+    tree = process_tree(remote_agent.pid)
+    assert len(tree) >= 2, "the runner's process should be under its agent"
+    assert listening_sockets(tree) == []
+    assert listening_sockets({os.getpid()}), "the check must see this test's own live server"
+    columns = {f.name for f in Host._meta.get_fields()}
+    assert not {c for c in columns if any(w in c for w in ("address", "ip", "port", "url"))}
+    assert host.health == "healthy"

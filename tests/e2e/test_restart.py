@@ -37,7 +37,7 @@ def test_agent23_a_controller_killed_mid_job_restarts_and_loses_nothing(e2e):
         lambda: all(
             r["state"] == "removed" for r in controller.api("runners") if r["name"] == runner_name
         ),
-        30,
+        90,  # a deadline for a wait that would never end, not a speed (PostgreSQL, load 6)
         "the finished runner to be removed",
     )
     runners = {r["name"]: r for r in controller.api("runners")}

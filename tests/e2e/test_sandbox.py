@@ -12,7 +12,7 @@ from tests.e2e.harness import Controller, kill_leftovers, wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.any_database]
 
 
-def test_arch02_the_sandbox_runs_a_job_to_completion(tmp_path):
+def test_arch02_fake08_the_sandbox_runs_a_job_to_completion(tmp_path):
     """ARCH-02, FAKE-01, FAKE-04: the README's run command, sandboxed. How long the first job
     takes is printed, not asserted (a loaded machine is no failure); the deadline only ends a
     wait that would never end."""

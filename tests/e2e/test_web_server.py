@@ -123,7 +123,7 @@ def test_a_few_slow_clients_do_not_starve_webhooks_or_agents_and_are_let_go(e2e)
     too_large = answer(slow_client(controller.port, declared=40 * 1024 * 1024))
     assert too_large.startswith(b"HTTP/1.1 413 ")
     assert too_large.endswith(
-        b'{"error": "the request body is larger than server.max_request_body"}'
+        b'{"detail": "the request body is larger than server.max_request_body"}'
     )
     log = controller.log()
     assert "answered 413" in log and "answered 408" in log
@@ -141,12 +141,16 @@ def test_one_client_cannot_hold_more_than_its_share_of_connections(tmp_path):
         held = [socket.create_connection(("127.0.0.1", controller.port)) for _ in range(6)]
         for sock in held:  # each holds an unfinished request, so the server has accepted it
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-        one_more = socket.create_connection(("127.0.0.1", controller.port), timeout=30)
-        one_more.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         try:
+            one_more = socket.create_connection(("127.0.0.1", controller.port), timeout=30)
+            one_more.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             assert answer(one_more) == b"", "closed without an answer"
         except ConnectionResetError:
-            pass  # closed before it read the request: the same refusal
+            pass  # reset as it connected or before it read the request: the same refusal
+        # Issue 21 item 12: the controller's own listener is not counted, so its embedded
+        # agent and readiness check are served while loopback clients fill the bind's share.
+        internal = int((data / "internal-port").read_text())
+        assert httpx.get(f"http://127.0.0.1:{internal}/healthz", timeout=10).status_code == 200
         for sock in held:
             sock.close()
         wait_for(
@@ -155,6 +159,53 @@ def test_one_client_cannot_hold_more_than_its_share_of_connections(tmp_path):
             "the client to be served again",
         )
         assert "refused a connection from 127.0.0.1" in controller.log()
+    finally:
+        controller.stop()
+
+
+def test_behind_a_proxy_the_cap_counts_each_forwarded_client_not_the_proxy(tmp_path):
+    """Issue 21 item 12: with server.tls_proxy every client arrives from the proxy's address,
+    so counting connections per address would let one slow client lock out everyone. There
+    the cap counts requests in flight per client the proxy names (X-Forwarded-For): that
+    client's next request is answered 429, another client's is served."""
+    data = tmp_path / "data"
+    data.mkdir()
+    env = {"ZOOMIES_SERVER_MAX_CONNECTIONS_PER_CLIENT": "6", "ZOOMIES_SERVER_TLS_PROXY": "true"}
+    controller = Controller(data, env=env)
+    try:
+        controller.start("--no-agent")
+        held = []
+        for _ in range(8):  # past the per-address cap: the proxy's own address is not counted
+            sock = socket.create_connection(("127.0.0.1", controller.port), timeout=30)
+            sock.sendall(
+                b"POST /webhooks/github HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 10.0.0.9, "
+                b"203.0.113.5\r\nContent-Length: 1000\r\n\r\n{"
+            )
+            held.append(sock)
+        late = answer(held.pop())  # the 7th and 8th of 203.0.113.5: refused with 429
+        assert late.startswith(b"HTTP/1.1 429"), late[:200]
+        assert late.endswith(b'max_connections_per_client requests in flight already"}')
+        other = httpx.get(
+            f"{controller.url}/healthz", headers={"X-Forwarded-For": "198.51.100.7"}, timeout=10
+        )
+        assert other.status_code == 200
+        for sock in held:
+            sock.close()
+        wait_for(
+            lambda: (
+                httpx.get(
+                    f"{controller.url}/healthz",
+                    headers={"X-Forwarded-For": "203.0.113.5"},
+                    timeout=5,
+                ).status_code
+                == 200
+            ),
+            30,
+            "the forwarded client to be served again",
+        )
+        assert "answered 429 to a request from 127.0.0.1: 203.0.113.5 (forwarded)" in (
+            controller.log()
+        )
     finally:
         controller.stop()
 

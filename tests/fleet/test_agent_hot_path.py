@@ -20,9 +20,10 @@ from django.db import OperationalError, connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from fleet import actions, agent_asgi, api
+from fleet import actions, agent_asgi
 from fleet.health import check_host_health
 from fleet.models import Host
+from runners import host_facts
 from tests.fleet.conftest import FACTS, T0, join
 from zoomies_site.asgi import application
 from zoomies_site.core import registry
@@ -132,13 +133,13 @@ def test_reports_and_task_results_run_on_the_agent_pool_threads(monkeypatch):
     results = threads_of(monkeypatch, "record_task_result")
     reported: list[str] = []
 
-    real = api.apply_agent_reports
+    real = host_facts.apply_reports
 
     def recording(**kwargs):
         reported.append(threading.current_thread().name)
         return real(**kwargs)
 
-    monkeypatch.setattr(api, "apply_agent_reports", recording)
+    monkeypatch.setattr(host_facts, "apply_reports", recording)
     _, token = join("h1")
     status, _, body = call("/api/v1/agent/reports", {"reports": []}, token=token)
     assert status == 200 and body == {"accepted": [], "refused": []}

@@ -1,4 +1,4 @@
-"""fleet/protocol.py: the agent protocol's one schema, read strictly and written back whole.
+"""fleet/protocol/: the agent protocol's one schema, read strictly and written back whole.
 
 Pure: no database, no HTTP. The API-level behaviour (clean 400s on the wire) is in
 test_agent_api_input.py.

@@ -3,7 +3,10 @@ leases' expiry (issue 11 item 3; LEASE-06, TASK-02)."""
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -13,8 +16,8 @@ from runners.reconcile import LEASE_NAME as RECONCILE
 from runners.reconcile import LEASE_TTL
 from tests.fleet.conftest import T0, join, make_runner
 from zoomies_site.core import leases
-from zoomies_site.models import Lease
-from zoomies_site.recovery import recover_after_restart
+from zoomies_site.core.models import Lease
+from zoomies_site.recovery import DeadGeneration, recover_after_restart
 
 pytestmark = pytest.mark.usefixtures("registry_defaults")
 
@@ -84,3 +87,53 @@ def test_task02_the_embedded_agents_tasks_in_flight_are_offered_again_at_restart
     (again,) = take_tasks(embedded, restart)
     assert (again.pk, again.attempt) == (mine.pk, 2)
     assert AgentTask.objects.filter(state="in_flight").count() == 2
+
+
+def test_a_zombie_is_not_alive():
+    """Issue 21 item 17: the killed controller's children, dead but not yet reaped by init,
+    still answer `kill(pid, 0)`; their leases must not wait for the reaper."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child never became a zombie"
+            time.sleep(0.01)
+        os.kill(pid, 0)  # what the old check asked: it still succeeds on a zombie
+        assert not leases.pid_alive(pid)
+    finally:
+        os.waitpid(pid, 0)
+    assert not leases.pid_alive(pid)
+    assert leases.pid_alive(os.getpid())
+
+
+@pytest.mark.django_db
+def test_lease06_a_lease_whose_holder_still_dies_is_freed_as_soon_as_it_has_died():
+    """Issue 21 item 17: at the restart one worker of the killed controller still ran (its
+    parent-death signal not yet served, or stuck in the kernel). Its lease is not freed then;
+    the controller's loop steps the dead generation and frees it the moment the holder is
+    gone, rather than leaving every pass blocked until the lease expires."""
+    running = {LIVE}
+    leases.acquire(RECONCILE, holder=f"box:{LIVE}:ab12", now=T0, ttl=LEASE_TTL)
+    leases.acquire("poll", holder=f"box:{DEAD}:cd34", now=T0, ttl=LEASE_TTL)
+
+    recover_after_restart(now=T0, embedded_host=None, host="box", alive=running.__contains__)
+    waiting = DeadGeneration(host="box", alive=running.__contains__)
+
+    assert Lease.objects.get(name=RECONCILE).holder == f"box:{LIVE}:ab12"
+    assert waiting.step() is True  # still running: still waited for, not taken
+    assert Lease.objects.get(name=RECONCILE).holder == f"box:{LIVE}:ab12"
+    running.clear()  # it died
+    assert waiting.step() is False
+    assert leases.acquire(RECONCILE, holder="box:1:new", now=T0, ttl=LEASE_TTL)
+
+
+@pytest.mark.django_db
+def test_the_dead_generation_is_only_what_ran_at_the_restart():
+    """A lease taken after the restart by a process of the new controller is not the dead
+    generation's: stepping never frees it, and with nothing pending the steps end."""
+    waiting = DeadGeneration(host="box", alive=lambda pid: True)
+    leases.acquire(RECONCILE, holder=f"box:{LIVE}:new", now=T0, ttl=LEASE_TTL)
+    assert waiting.step() is False
+    assert Lease.objects.get(name=RECONCILE).holder == f"box:{LIVE}:new"

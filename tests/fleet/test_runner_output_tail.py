@@ -1,7 +1,7 @@
 """The controller keeps a finished runner's output tail for the failed retention (issue 8
 item 14 for a failed runner, issue 9 for one that exited cleanly).
 
-The agent's end report carries it (fleet/protocol.py `output_tail`); the runner's row keeps
+The agent's end report carries it (fleet/protocol/ `output_tail`); the runner's row keeps
 it, the API's runner detail and the admin's runner page show it, and it goes with the row.
 """
 

@@ -19,7 +19,7 @@ from django.test import AsyncRequestFactory
 
 from accounts.models import AuditLog
 from fleet import api, wakeups
-from fleet.actions import record_heartbeat, record_task_result
+from fleet.actions import record_heartbeat, record_task_result, set_host_cordon
 from fleet.models import AgentTask
 from fleet.taskqueue import enqueue_task, sweep_tasks, take_tasks
 from runners.actions import apply_agent_reports, drain_runner, fail_runner, reissue_owed_removes
@@ -77,6 +77,23 @@ def test_task02_03_04_a_task_is_offered_three_times_under_its_lease_then_abandon
     assert task.pk not in [t.pk for t in take_tasks(host, now)]
     assert AuditLog.objects.filter(action="task.requeued").count() == 2
     assert AuditLog.objects.filter(action="task.abandoned").count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["stream_logs", "cancel_logs"])
+def test_task07_a_log_relay_task_is_never_put_back_when_its_lease_ends(kind):
+    """TASK-07: the browser that asked may be gone by then; the relay is offered once."""
+    host, _ = join("h1")
+    task = enqueue(host, make_runner(host, "idle"), kind)
+    (taken,) = take_tasks(host, T0)
+    assert taken.pk == task.pk and taken.max_attempts == 1
+    after = taken.lease_deadline + timedelta(seconds=1)
+    swept = sweep_tasks(after)
+    assert [t.pk for t in swept.abandoned] == [task.pk]
+    assert take_tasks(host, after) == []  # not offered again
+    task.refresh_from_db()
+    assert task.state == "abandoned"
+    assert not AuditLog.objects.filter(action="task.requeued").exists()
 
 
 @pytest.mark.django_db
@@ -234,6 +251,21 @@ def test_the_long_poll_answers_at_once_when_a_task_is_pending(agent_api):
     # Held for its whole 30 s wait, the poll would outlast the client's 20 s and fail.
     answer = agent_api.get("tasks?wait=30", token=token, timeout=20)
     assert [t["id"] for t in answer.json()["tasks"]] == [task.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_issue21_item6_the_tasks_carry_the_hosts_cordon_as_of_their_take(agent_api):
+    """Issue 21 item 6: a create placed just after an uncordon reaches the agent with the
+    uncordon, not a heartbeat later (when it failed "the host is cordoned")."""
+    host, token = join("h1")
+    set_host_cordon(host=host, cordoned=True, now=T0, actor="user:op")
+    set_host_cordon(host=host, cordoned=False, now=later(1), actor="user:op")
+    task = enqueue(host, make_runner(host))
+    answer = agent_api.get("tasks?wait=0", token=token).json()
+    assert ([t["id"] for t in answer["tasks"]], answer["cordoned"]) == ([task.pk], False)
+    set_host_cordon(host=host, cordoned=True, now=later(2), actor="user:op")
+    enqueue(host, make_runner(host))
+    assert agent_api.get("tasks?wait=0", token=token).json()["cordoned"] is True
 
 
 @pytest.mark.django_db(transaction=True)

@@ -21,7 +21,7 @@ from runners.github.client import GitHubApp
 from runners.github.fake.server import FakeGitHub
 from runners.models import Installation, Pool, Runner
 from zoomies_site.core import registry
-from zoomies_site.metrics import RECONCILE_WAKES
+from zoomies_site.core.metrics import RECONCILE_WAKES
 
 WEBHOOK_SECRET = "It's a Secret to Everybody"
 _names = count(1)
@@ -191,3 +191,26 @@ def finish_job(fake: FakeGitHub, session: str, job_id: int, conclusion: str = "s
 def wakes_asked() -> float:
     """How many times the reconcile pass has been asked to wake (its Prometheus counter)."""
     return RECONCILE_WAKES.labels("asked")._value.get()
+
+
+def acme_installation():
+    """The installation the example App deliveries name (id 77, `job_payload`): configured,
+    as an App delivery's installation must be for its job to be ours (issue 29 item 2)."""
+    from runners.models import Installation  # noqa: PLC0415  # once Django is set up
+
+    return Installation.objects.get_or_create(
+        github_id=77, defaults={"account": "acme", "kind": "org", "repositories": ["acme/app"]}
+    )[0]
+
+
+def uses_a_database(request) -> bool:
+    names = set(request.fixturenames)
+    return request.node.get_closest_marker("django_db") is not None or bool(
+        names & {"db", "transactional_db", "live_server"}
+    )
+
+
+@pytest.fixture
+def acme(db):
+    """The example App deliveries' installation (id 77, account acme), configured."""
+    return acme_installation()

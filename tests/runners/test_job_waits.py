@@ -18,7 +18,7 @@ from fleet.models import Host
 from runners import reconcile
 from runners.models import Job, Pool
 from runners.problems import waiting_jobs
-from runners.scheduler import HostView, JobView, PoolView, Snapshot, decide
+from runners.scheduler import HostView, JobView, PoolView, RunnerView, Snapshot, decide
 from runners.waits import job_wait_reasons
 from tests.runners.test_reconcile import fake_gh, fleet_rows  # noqa: F401  (fixtures)
 
@@ -131,3 +131,39 @@ def test_the_problems_api_names_a_job_that_waited_past_the_threshold(api):
     problems = api.get("/api/v1/problems").json()["results"]
     waiting = [p for p in problems if p["key"] == "jobs.waiting_too_long"]
     assert waiting and "no pool matches runs-on [self-hosted, nope]" in waiting[0]["detail"]
+
+
+def test_issue21_item6_a_capped_pool_in_backoff_says_so_with_numbers_that_agree():
+    """Issue 21 item 6: seven jobs for a pool capped at 4 with no live runner, in its start
+    backoff after three failed starts. The reason used to open "3 more runners wanted ...
+    held back by its cap of 4 (it has 0 live)"; now the backoff, which holds every start,
+    comes first, and the cap's numbers add up: 7 wanted, room for 4, 3 beyond it."""
+    capped = pool(1, "zoomies-cpu", ("cpu",), max_runners=4)
+    failed = tuple(
+        RunnerView(
+            id=i,
+            pool_id=1,
+            host_id=1,
+            state="failed",
+            created_at=T0,
+            state_changed_at=T0,
+            finished_at=T0,
+        )  # fmt: skip
+        for i in (1, 2, 3)
+    )
+    snapshot = Snapshot(
+        now=T0 + timedelta(seconds=5),
+        pools=(capped,),
+        hosts=(HOST,),
+        runners=failed,
+        queued_jobs=tuple(job(10 + i, "self-hosted", "cpu") for i in range(7)),
+    )
+    plan = decide(snapshot)
+    assert plan.creates == ()
+    reason = job_wait_reasons(snapshot, plan)[10]
+    backoff, cap = reason.split("; ")
+    assert backoff.startswith("zoomies-cpu waits ") and "3 failed starts" in backoff
+    assert cap == (
+        "7 runners wanted in zoomies-cpu, its cap of 4 leaves room for 4 (0 live), "
+        "so 3 wait for a runner to end"
+    )

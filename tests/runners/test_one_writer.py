@@ -16,22 +16,51 @@ ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("accounts", "fleet", "runners", "zoomies_site", "capacity")
 # Not Django code, or not this project's rows: the agent runs without Django, the fake
 # GitHub keeps its own job records, the scheduler is pure.
-SKIPPED = ("fleet/agent/", "runners/github/", "runners/scheduler/", "/migrations/")
+# The fakes of outside services keep their own objects' states (a fake Proxmox task's
+# status), not rows of ours.
+SKIPPED = (
+    "fleet/agent/",
+    "runners/github/",
+    "runners/scheduler/",
+    "/migrations/",
+    "fleet/providers/proxmox/fake.py",
+)
 
 # (model, field) -> the functions allowed to write it, as "path::function".
 OWNERS: dict[tuple[str, str], set[str]] = {
     ("Runner", "state"): {
         "runners/transitions.py::transition_runner",
+        # Issue 21 item 20: the one guarded edge off the allow-list (failed -> busy).
+        "runners/transitions.py::revive_runner",
         "runners/actions/lifecycle.py::create_runner",
     },
     ("Job", "status"): {"runners/actions/jobs.py::record_job"},
-    ("Job", "fleet_failure"): {"runners/actions/steps.py::mark_fleet_failure"},
+    ("Job", "fleet_failure"): {
+        "runners/actions/steps.py::mark_fleet_failure",
+        "runners/actions/steps.py::clear_fleet_failure",
+    },
     ("AgentTask", "state"): {
         "fleet/transitions.py::transition_task",
         "fleet/taskqueue.py::enqueue_task",
     },
     ("Machine", "state"): {"fleet/transitions.py::transition_machine"},
+    # HOST-29: loans only rise, from the agent's heartbeat.
+    ("Runner", "lent_memory_mb"): {"runners/host_facts.py::record_memory_loans"},
+    ("Runner", "would_lend_memory_mb"): {"runners/host_facts.py::record_memory_loans"},
+    ("Runner", "memory_blocked"): {"runners/host_facts.py::record_memory_blocked"},
     ("Host", "health"): {"fleet/transitions.py::transition_host_health"},
+    # HOST-19: the throttle moves only by the controller's step, from the samples.
+    ("Host", "throttle_level"): {"fleet/throttling.py::throttle_step"},
+    # Issue 22 item 4: runners/actions/installations.py writes installations.
+    ("Installation", "active"): {
+        "runners/actions/installations.py::add_installation",
+        "runners/actions/installations.py::remove_installation",
+    },
+    ("Installation", "repositories"): {
+        "runners/actions/installations.py::add_installation",
+        "runners/actions/installations.py::change_repositories",
+    },
+    ("Installation", "account"): {"runners/actions/installations.py::add_installation"},
     ("Installation", "standdown_until"): {
         "runners/actions/installations.py::stand_down_installation",
         "runners/actions/installations.py::clear_standdown",

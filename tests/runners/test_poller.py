@@ -15,8 +15,9 @@ from fleet.models import AgentTask
 from runners.github import config
 from runners.github.client import GitHubApp
 from runners.models import Installation, Job
-from runners.poller import poll_step, webhook_fresh_window
-from runners.problems import github_problems
+from runners.poller import poll_step, runner_gone_problems, webhook_fresh_window
+from runners.problems import github_problems, runners_problems
+from runners.transitions import transition_runner
 from tests.runners.conftest import (
     finish_job,
     go_online,
@@ -137,6 +138,43 @@ def test_poll01_a_job_cancelled_between_sweeps_stops_being_demand(fake, sweep):
     job = Job.objects.get(github_id=job_id)
     assert (job.status, job.conclusion, job.source) == ("completed", "cancelled", "poll")
     assert report.changed
+
+
+@pytest.mark.django_db
+def test_issue29_item4_a_run_github_answers_404_for_is_not_asked_after_for_ever(fake, sweep, clock):
+    """A queued job here whose run GitHub does not know (a signed delivery for a run since
+    deleted, or of a repository gone): each sweep asked for the run's jobs, got 404, and
+    the job stayed queued, demand for a runner that could never take it. The first 404
+    completes it here; the next sweep asks nothing about that run."""
+    acme = install(fake, "acme", ("app",))
+    live = fake.queue_job("acme/app", LABELS)
+    sweep()
+    ghost_run = fake.job(live)["run_id"] + 10_000
+    now = clock.now()
+    Job.objects.create(
+        github_id=live + 10_000, run_id=ghost_run, installation=acme, repository="acme/app",
+        labels=list(LABELS), status="queued", created_at=now, updated_at=now,
+    )  # fmt: skip
+    clock.advance(60)
+
+    sweep()
+
+    ghost = Job.objects.get(github_id=live + 10_000)
+    assert (ghost.status, ghost.conclusion) == ("completed", "")
+    # The job is asked after by its own id before anything ends: one GitHub still has
+    # (here, a row that names the wrong run) stays as GitHub says.
+    assert [p for m, p in calls_for(fake, acme) if p.endswith(f"/jobs/{live + 10_000}")]
+    assert Job.objects.get(github_id=live).status == "queued"  # its run is GitHub's
+    asked = [p for p in _run_job_lists(fake, acme) if f"/runs/{ghost_run}/" in p]
+    assert len(asked) == 1
+    clock.advance(60)
+    sweep()
+    assert [p for p in _run_job_lists(fake, acme) if f"/runs/{ghost_run}/" in p] == asked
+    misfiled = Job.objects.get(github_id=live)
+    Job.objects.filter(pk=misfiled.pk).update(run_id=ghost_run + 1)
+    clock.advance(60)
+    sweep()
+    assert Job.objects.get(github_id=live).status == "queued"  # GitHub still has it
 
 
 # -- POLL-02 -----------------------------------------------------------------------------------
@@ -339,7 +377,10 @@ def test_poll06_the_stand_down_lasts_until_githubs_reset_and_no_longer(fake, swe
     assert report.skipped_standdown == [limited.github_id]
     assert len(calls_for(fake, limited)) == refused  # not asked before the reset
     (held,) = [p for p in github_problems(clock.now()) if p["key"] == "github.standdown"]
-    assert "limited" in held["title"] and "rate limited" in held["detail"]
+    assert "limited" in held["title"] and "rate limited" in held["detail"].lower()
+    # Issue 29 item 4: the reason is a sentence of its own, not run into the next one.
+    reason = held["detail"].split(". ", 1)[1]
+    assert reason[0].isupper() and ". Until then the poller" in held["detail"]
 
     clock.advance(60)  # the reset instant
     report = sweep()
@@ -653,3 +694,82 @@ def test_poll02_a_sweep_its_budget_stops_half_way_has_made_a_lost_completed_good
     assert acme.github_id in report.over_budget
     assert Job.objects.get(github_id=job_id).status == "completed"
     assert Job.objects.filter(github_id__in=unknown).count() < len(unknown)
+
+
+# -- issue 21 item 3: a job whose runner is gone -----------------------------------------------
+
+
+def _runner_failed(runner, clock, message: str = "the runner exited with code 2") -> None:
+    transition_runner(runner.pk, "failed", now=clock.now(), actor="agent:h1", message=message)
+
+
+def _ours_and_theirs_in_one_run(fake, app, acme, runner) -> tuple[int, int]:
+    """Job A on our runner and job B, of the same run, on someone else's: the run stays in
+    progress while B runs, whatever becomes of A."""
+    session = go_online(fake, register(app, acme, runner.name))
+    ours = fake.queue_job("acme/app", LABELS, duration=3600)
+    go_online(fake, register(app, acme, "their-build-box"))
+    theirs = fake.queue_job("acme/app", LABELS, duration=3600, run_id=fake.job(ours)["run_id"])
+    assert fake.job(ours)["runner_name"] == runner.name
+    assert fake.job(theirs)["runner_name"] == "their-build-box"
+    return ours, session
+
+
+@pytest.mark.django_db
+def test_issue21_item3_a_job_whose_runner_is_gone_is_asked_after_though_its_run_is_unchanged(
+    fake, app, sweep, clock
+):
+    """Issue 21 item 3: our runner died mid-job; GitHub ended the job within the second the
+    sweep had listed its run (whose `updated_at` has whole seconds), and the run stays in
+    progress for another job. The run's stamp never moves, so it was never listed again and
+    the job stayed `in_progress` here for good; a job whose runner is gone is asked after on
+    every sweep."""
+    acme = install(fake, "acme", ("app",))
+    runner = make_runner(state="idle", installation=acme, host=make_host())
+    ours, session = _ours_and_theirs_in_one_run(fake, app, acme, runner)
+    sweep()
+    job = Job.objects.get(github_id=ours)
+    assert job.status == "in_progress"
+    _runner_failed(runner, clock)
+    finish_job(fake, session, ours, conclusion="failure")  # the same second as the listing
+    clock.advance(60)
+
+    sweep()
+
+    job.refresh_from_db()
+    assert (job.status, job.conclusion) == ("completed", "failure")
+
+
+@pytest.mark.django_db
+def test_issue21_item3_a_job_still_in_progress_past_the_bound_after_its_runner_ended_is_named(
+    fake, app, sweep, clock
+):
+    """Issue 21 item 3: the runner is gone (failed, exit 2) but GitHub still shows its job in
+    progress. Each sweep asks GitHub after it (the in-progress sweep); the problems list names
+    it once runners.runner_gone_job_warning (15 min by default) has passed since the runner
+    ended, and not before; a job on a live runner, or on someone else's, is not named."""
+    assert registry.get("runners.runner_gone_job_warning") == timedelta(minutes=15)
+    acme = install(fake, "acme", ("app",))
+    runner = make_runner(state="idle", installation=acme, host=make_host())
+    ours, _session = _ours_and_theirs_in_one_run(fake, app, acme, runner)
+    live = make_runner(state="idle", installation=acme, host=make_host())
+    go_online(fake, register(app, acme, live.name))
+    running = fake.queue_job("acme/app", LABELS, duration=3600)
+    assert fake.job(running)["runner_name"] == live.name
+    sweep()
+    assert Job.objects.get(github_id=running).status == "in_progress"
+    _runner_failed(runner, clock)
+    lists_before = len(_run_job_lists(fake, acme))
+
+    clock.advance(14 * 60)
+    sweep()
+    assert len(_run_job_lists(fake, acme)) > lists_before  # GitHub was asked after it
+    assert Job.objects.get(github_id=ours).status == "in_progress"  # and said so
+    assert runner_gone_problems(clock.now()) == []
+
+    clock.advance(61)
+    found = [p for p in runners_problems(clock.now()) if p["key"] == "jobs.runner_gone"]
+    assert len(found) == 1, found
+    assert found[0]["title"].startswith("1 job(s) still in progress more than 15 min")
+    assert f"acme/app job {ours} (runner {runner.name} failed)" in found[0]["detail"]
+    assert str(running) not in found[0]["detail"]

@@ -9,12 +9,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from accounts.models import AuditLog
-from runners.models import Installation
+from runners.models import Installation, Pool, Runner
 from runners.poller import poll_step
 from runners.reap import reap_step
-from tests.runners.conftest import go_online, install, make_runner, register
+from tests.runners.conftest import go_online, install, make_host, make_runner, register
 
 LABELS = ["self-hosted", "linux"]
 
@@ -253,3 +254,58 @@ def test_poll10_one_list_call_per_organisation_installation(fake, app, clock, st
     mark = len(fake.calls)
     reap_step(clock.now(), started_at=started, app=app, clock=clock)
     assert calls_for(fake, acme, mark) == [("GET", "/orgs/acme/actions/runners")]
+
+
+@pytest.mark.django_db
+def test_issue21_item21_restarts_a_minute_apart_no_longer_postpone_an_overdue_reap(
+    fake, app, clock
+):
+    """Each start used to wait a minute before its first reap, so restarts less than a
+    minute apart kept orphan registrations at GitHub for good. A reap ten minutes after the
+    last is due at once, whenever the process started."""
+    acme = install(fake, "acme", ("app",))
+    Installation.objects.filter(pk=acme.pk).update(last_reaped_at=clock.now())
+    for _restart in range(12):  # a restart every 50 s for ten minutes
+        clock.advance(50)
+        restarted = clock.now()
+        result = reap_step(clock.now(), started_at=restarted, app=app)
+        if result.checked:
+            break
+    assert result.checked == [acme.github_id]
+    acme.refresh_from_db()
+    assert clock.now() - timedelta(minutes=10) <= acme.last_reaped_at
+
+
+@pytest.mark.django_db
+def test_issue21_item7_a_registration_at_a_pools_old_repository_is_still_reaped(
+    fake, app, clock, started
+):
+    """A pool registered a runner at acme/app, then was pointed at acme/lib: the reap used
+    to list only the pools' repositories as they are now, so the acme/app registration
+    stayed for good. The installation remembers where its runners registered; once nothing
+    of ours is left there, it forgets the place."""
+    from runners.actions.lifecycle import NewRunner, create_runner  # noqa: PLC0415
+
+    acme = install(fake, "acme", ("app", "lib"))  # an organisation: its org target, and pools
+    pool = Pool.objects.create(name="zoomies-app", labels=["app"], repository="acme/app",
+                               installation=acme)  # fmt: skip
+    host = make_host()
+    jit = register(app, acme, "zoomies-app-1-aaaaaa", repo="acme/app")
+    row = create_runner(
+        NewRunner(pool=pool, installation=acme, host_id=host.pk, name="zoomies-app-1-aaaaaa",
+                  github_runner_id=jit.runner_id, image="", env={}, command=None, reason="t",
+                  cpus=None, memory_mb=None),
+        now=timezone.now(), actor="test",
+    )  # fmt: skip
+    acme.refresh_from_db()
+    assert acme.registered_repositories == ["acme/app"]
+    Runner.objects.filter(pk=row.pk).update(state="failed")  # its runner never ran
+    Pool.objects.filter(pk=pool.pk).update(repository="acme/lib")  # and the pool moved
+
+    report = reap_step(clock.now(), started_at=started, app=app, clock=clock)
+    assert "acme/app:zoomies-app-1-aaaaaa" in report.deleted
+    assert {r["name"] for r in fake.runners(acme.github_id)} == set()
+    clock.advance(11 * 60)
+    reap_step(clock.now(), started_at=started, app=app, clock=clock)
+    acme.refresh_from_db()
+    assert acme.registered_repositories == []  # nothing of ours left there: forgotten

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 
@@ -263,7 +264,9 @@ def test_sched17_a_runner_that_came_online_since_the_snapshot_is_not_failed(fake
     queue_jobs(installation, 1)
     reconcile.reconcile_now(now_fn=lambda: T0)
     runner = Runner.objects.get()
-    Runner.objects.filter(pk=runner.pk).update(state="idle")
+    Runner.objects.filter(pk=runner.pk).update(
+        state="idle", online_at=T0
+    )  # GitHub showed it online
     plan = Plan(fails=(FailRunner(runner.pk, "not online 20m after it was created"),))
     reconcile.apply_plan(plan, T0 + timedelta(minutes=21))
     runner.refresh_from_db()
@@ -281,7 +284,7 @@ def test_sched21_scale_down_deregisters_at_github_first_and_leaves_a_runner_gith
     reconcile.reconcile_now(now_fn=lambda: T0)
     first, second = Runner.objects.order_by("pk")
     for runner in (first, second):
-        Runner.objects.filter(pk=runner.pk).update(state="idle", state_changed_at=T0)
+        Runner.objects.filter(pk=runner.pk).update(state="idle", state_changed_at=T0, online_at=T0)
     Job.objects.all().delete()  # nothing queued any more: both are surplus and idle
 
     # The first runner is online at GitHub and has just been handed a job there.
@@ -399,7 +402,7 @@ def test_sched21_an_idle_drain_github_calls_busy_backs_off_until_the_next_reap(f
     queue_jobs(installation, 1)
     reconcile.reconcile_now(now_fn=lambda: T0)
     runner = Runner.objects.get()
-    Runner.objects.filter(pk=runner.pk).update(state="idle", state_changed_at=T0)
+    Runner.objects.filter(pk=runner.pk).update(state="idle", state_changed_at=T0, online_at=T0)
     Job.objects.all().delete()  # the job this runner takes at GitHub is one we never heard of
     fake_runner, thread = _start_fake_runner(AgentTask.objects.get(runner=runner))
     try:
@@ -436,7 +439,7 @@ def test_sched21_a_runner_drained_for_idleness_that_exits_0_stands_for_no_job(fa
     queue_jobs(installation, 1)
     reconcile.reconcile_now(now_fn=lambda: T0)
     idle = Runner.objects.get()
-    Runner.objects.filter(pk=idle.pk).update(state="idle", state_changed_at=T0)
+    Runner.objects.filter(pk=idle.pk).update(state="idle", state_changed_at=T0, online_at=T0)
     Job.objects.all().delete()
 
     drained_at = T0 + timedelta(minutes=6)
@@ -457,3 +460,163 @@ def test_sched21_a_runner_drained_for_idleness_that_exits_0_stands_for_no_job(fa
     Host.objects.update(last_heartbeat_at=following)
     reconcile.reconcile_now(now_fn=lambda: following)
     assert Runner.objects.exclude(pk=idle.pk).filter(state="provisioning").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_issue21_item5_an_installation_github_does_not_know_is_a_problem_backed_off_and_said_once(
+    fake_gh, fleet_rows, caplog
+):
+    """Installation ids GitHub answers 404 for: the log said so twice every five seconds
+    while the problems list was empty and the pool showed active. Now the failures are
+    counted, minting waits a growing backoff, the log says it once, and the problems list
+    names the installation, the count, since when and the pools it leaves without runners."""
+    from runners.problems import runners_problems  # noqa: PLC0415
+
+    installation, pool, _host = fleet_rows
+    Installation.objects.filter(pk=installation.pk).update(github_id=987_654)  # GitHub: 404
+    queue_jobs(installation, 1)
+    with caplog.at_level("WARNING", logger="zoomies"):
+        for seconds in range(0, 60, 5):  # a pass every five seconds for a minute
+            reconcile.reconcile_now(now_fn=lambda s=seconds: T0 + timedelta(seconds=s))
+    installation.refresh_from_db()
+    # Backed off: 10 s, 20 s, 40 s after failures at 0, 10 and 30 s; not twelve tries.
+    assert installation.mint_failures == 3, installation.mint_failures
+    said = [r for r in caplog.records if "could not mint a runner credential" in r.getMessage()]
+    assert len(said) == 1
+    (problem,) = [p for p in runners_problems(T0 + timedelta(minutes=1))
+                  if p["key"] == "github.mint_failing"]  # fmt: skip
+    assert "failed to mint 3 time(s)" in problem["title"] and "987654" in problem["title"]
+    assert "zoomies-linux-x64" in problem["detail"]
+    assert not Runner.objects.exists()
+
+
+def _pass(at):
+    """A reconcile pass at `at`, its host heard from then."""
+    Host.objects.update(last_heartbeat_at=at)
+    return reconcile.reconcile_now(now_fn=lambda: at)
+
+
+def _agent_says(host, runner, at, **report):
+    apply_agent_reports(host=host, reports=[{"runner_id": runner.pk, **report}], now=at)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_issue29_item1_sched17_a_runner_never_online_is_failed_deregistered_replaced_and_said(
+    fake_gh, fleet_rows, monkeypatch
+):
+    """Issue 29 item 1: a runner program that stays alive without ever reaching GitHub (the
+    fake holds it offline; it keeps retrying, as a real one does) was idle 0.13 s after its
+    row was written, never failed, and its job waited for ever. It is idle only once GitHub
+    shows it online; past scheduler.provision_timeout it is failed, its registration is
+    deleted and its host told to remove it, a new runner replaces it, and the pool's
+    problem says why (SCHED-17)."""
+    from runners.problems import runners_problems  # noqa: PLC0415
+
+    monkeypatch.setenv("ZOOMIES_SCHEDULER_PROVISION_TIMEOUT", "1m")
+    registry.reload()
+    installation, pool, host = fleet_rows
+    fake_gh.hold_runners_offline()
+    queue_jobs(installation, 1)
+    _pass(T0)
+    runner = Runner.objects.get()
+    fake_runner, thread = _start_fake_runner(AgentTask.objects.get(runner=runner))
+    try:
+        _agent_says(host, runner, T0 + timedelta(seconds=1), state="registering")
+        _agent_says(host, runner, T0 + timedelta(seconds=2), phase="running")
+        for seconds in (20, 40):  # online checks: GitHub shows the registration offline
+            _pass(T0 + timedelta(seconds=seconds))
+        runner.refresh_from_db()
+        assert runner.online_at is None
+        (registration,) = fake_gh.runners(installation.github_id)
+        assert registration["status"] == "offline" and thread.is_alive()
+
+        timed_out = T0 + timedelta(minutes=1, seconds=1)
+        _pass(timed_out)
+        runner.refresh_from_db()
+        assert runner.state == "failed"
+        assert "provision_timeout" in runner.message
+        assert "GitHub never showed its registration online" in runner.message
+        assert AgentTask.objects.filter(runner=runner, kind="remove_runner").exists()
+        assert fake_gh.runners(installation.github_id) == []  # deleted at once, not at the reap
+        assert runner.deregistered_at == timed_out
+
+        (problem,) = [p for p in runners_problems(timed_out)
+                      if p["key"] == f"pool.failing_starts:{pool.name}"]  # fmt: skip
+        assert "1 runner(s) failed before GitHub showed them online" in problem["title"]
+        assert "GitHub never showed its registration online" in problem["detail"]
+
+        _pass(timed_out + timedelta(seconds=15))  # after the first start backoff (10 s)
+        replacement = Runner.objects.exclude(pk=runner.pk).get()
+        assert replacement.state == "provisioning"
+    finally:
+        fake_runner.stop()
+        thread.join(5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_issue29_item1_a_registering_runner_is_idle_once_github_shows_it_online(
+    fake_gh, fleet_rows
+):
+    """Issue 29 item 1: GitHub's word, not the runner's process, makes a runner idle. The
+    online check lists the installation's registrations at most every 15 s, and a pool
+    whose runner came online has no failing-starts problem."""
+    from runners.problems import runners_problems  # noqa: PLC0415
+
+    installation, pool, host = fleet_rows
+    queue_jobs(installation, 1)
+    _pass(T0)
+    runner = Runner.objects.get()
+    _agent_says(host, runner, T0 + timedelta(seconds=1), state="registering")
+    fake_gh.hold_runners_offline()
+    fake_runner, thread = _start_fake_runner(AgentTask.objects.get(runner=runner))
+    try:
+        _pass(T0 + timedelta(seconds=2))
+        runner.refresh_from_db()
+        assert (runner.state, runner.online_at) == ("registering", None)
+        fake_gh.hold_runners_offline(False)
+        deadline = time.monotonic() + 10
+        while fake_gh.runners(installation.github_id)[0]["status"] != "online":
+            assert time.monotonic() < deadline, "the fake runner never came online"
+            time.sleep(0.05)
+        lists = [c for c in fake_gh.calls if c[0] == "GET" and c[1].endswith("/actions/runners")]
+        _pass(T0 + timedelta(seconds=10))  # within 15 s of the last check: not listed again
+        assert [c for c in fake_gh.calls
+                if c[0] == "GET" and c[1].endswith("/actions/runners")] == lists  # fmt: skip
+        _pass(T0 + timedelta(seconds=17))
+        runner.refresh_from_db()
+        assert (runner.state, runner.online_at) == ("idle", T0 + timedelta(seconds=17))
+        assert not [p for p in runners_problems(T0 + timedelta(seconds=17))
+                    if p["key"].startswith("pool.failing_starts")]  # fmt: skip
+    finally:
+        fake_runner.stop()
+        thread.join(5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_issue21_item5_a_pool_whose_runners_cannot_start_is_a_problem_with_cause_count_and_since(
+    fake_gh, fleet_rows
+):
+    """Issue 21 item 5 (and issue 29 item 4): a process pool whose runners all fail to
+    start ("cannot run '/opt/actions-runner/run.sh'") stayed silent, active, with an empty
+    problems list. Within a minute the list names the pool, the count, since when and the
+    cause; each failed runner's registration is deleted at GitHub at once."""
+    from fleet.actions import record_task_result  # noqa: PLC0415
+    from fleet.taskqueue import take_tasks  # noqa: PLC0415
+    from runners.problems import runners_problems  # noqa: PLC0415
+
+    installation, pool, host = fleet_rows
+    queue_jobs(installation, 2)
+    _pass(T0)
+    failed_at = T0 + timedelta(seconds=5)
+    why = "cannot run '/opt/actions-runner/run.sh': No such file or directory"
+    for task in take_tasks(host, failed_at):
+        record_task_result(host=host, task_id=task.pk, ok=False, error=why,
+                           attempt=task.attempt, now=failed_at)  # fmt: skip
+    assert set(Runner.objects.values_list("state", flat=True)) == {"failed"}
+    _pass(failed_at + timedelta(seconds=1))
+    assert fake_gh.runners(installation.github_id) == []
+    (problem,) = [p for p in runners_problems(failed_at + timedelta(seconds=30))
+                  if p["key"] == f"pool.failing_starts:{pool.name}"]  # fmt: skip
+    assert "2 runner(s) failed before GitHub showed them online" in problem["title"]
+    assert f"{failed_at:%Y-%m-%d %H:%M:%S}" in problem["title"]
+    assert "Cannot run '/opt/actions-runner/run.sh'" in problem["detail"]

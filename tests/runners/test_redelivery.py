@@ -263,3 +263,26 @@ def test_one_pass_at_a_time(monkeypatch):
     assert redelivery_task() == "another redelivery pass is running" and ran == []
     leases.release("redelivery", holder="another", force=True)
     assert redelivery_task() == "done" and len(ran) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_issue29_item4_a_delivery_zoomies_refused_as_malformed_is_not_asked_for_again(
+    fake, github_app, clock, live_server, _isolated
+):
+    """Issue 29 item 4: the controller asked GitHub to redeliver a delivery it had itself
+    answered 400, which the same bytes get again. A 503 of the same pass still is asked."""
+    _isolated.set(webhook_secrets="s3")
+    fake.webhook_url, fake.webhook_secret = f"{live_server.url}/webhooks/github", "s3"
+    install(fake, "acme", ("app",))
+    broken = {"action": "queued", "installation": {"id": 1}, "workflow_job": {"id": "x"}}
+    refused = fake.send_event("workflow_job", broken)
+    fake.wait_deliveries(1)
+    fake.webhook_url = f"{live_server.url}/nowhere"  # answered 404: worth asking again
+    lost = fake.send_event("ping", {"zen": "Keep it logically awesome."})
+    codes = {d["id"]: d["status_code"] for d in fake.wait_deliveries(2)}
+    assert codes == {refused: 400, lost: 404}
+    fake.webhook_url = f"{live_server.url}/webhooks/github"
+    clock.advance(60)
+    report = run_pass(github_app, clock)
+    assert report.asked == [lost]
+    assert len(asks(fake)) == 1

@@ -8,7 +8,6 @@ pass reads. No database, no clock, no network: the module is checked to import n
 
 from __future__ import annotations
 
-import ast
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from runners.redelivery_plan import (
     reaches_floor,
     seen_until_after,
 )
+from tests.purity import impurities
 
 NOW = datetime(2026, 9, 5, 12, 0, tzinfo=UTC)
 # GitHub's own example items (`hook-delivery-items` in its OpenAPI description).
@@ -104,20 +104,8 @@ def verdicts(plan) -> dict[int, tuple[str, str]]:
 
 
 def test_the_decision_module_imports_nothing_but_the_standard_librarys_pure_parts():
-    tree = ast.parse(Path(rp.__file__).read_text())
-    imported = {
-        node.module if isinstance(node, ast.ImportFrom) else alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        for alias in node.names
-    }
-    assert imported <= {"__future__", "collections.abc", "dataclasses", "datetime", "typing"}
-    calls = {
-        node.func.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-    }
-    assert not calls & {"now", "utcnow", "today", "time", "monotonic"}
+    allowed = {"__future__", "collections.abc", "dataclasses", "datetime", "typing"}
+    assert impurities(Path(rp.__file__), allowed) == []
 
 
 def test_a_failed_delivery_with_no_success_is_asked_for_and_says_why():

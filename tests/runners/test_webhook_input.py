@@ -137,7 +137,9 @@ def test_hook01_an_impossible_field_is_a_clear_400_and_records_nothing(post, cas
     "created_at",
     [1e300, -1e20, 1e20, 2**70, "9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+01:00"],
 )
-def test_hook01_a_timestamp_that_cannot_be_placed_is_dropped_and_the_job_kept(post, created_at):
+def test_hook01_a_timestamp_that_cannot_be_placed_is_dropped_and_the_job_kept(
+    post, created_at, acme
+):
     status, answer = post(raw(queued(created_at=created_at, id=5151, run_id=99)))
     assert status == 200, answer
     job = Job.objects.get(github_id=5151)
@@ -151,7 +153,7 @@ def test_hook01_a_timestamp_that_cannot_be_placed_is_dropped_and_the_job_kept(po
     assert WebhookDelivery.objects.count() == 1
 
 
-def test_hook01_an_infinite_float_timestamp_is_dropped(post):
+def test_hook01_an_infinite_float_timestamp_is_dropped(post, acme):
     body = raw(queued(id=5252)).replace(b'"created_at": "', b'"created_at": 1e999, "x": "')
     status, answer = post(body)
     assert status == 200, answer

@@ -16,13 +16,19 @@ from pathlib import Path
 import httpx
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
 from accounts.models import AuditLog
 from fleet.models import AgentTask
 from runners.github.config import get_app
-from runners.models import Installation, Job, Runner, WebhookDelivery
+from runners.models import Installation, Job, Pool, Runner, WebhookDelivery
 from runners.webhooks import sign, signature_matches
-from tests.runners.conftest import WEBHOOK_SECRET, make_host, make_runner, wakes_asked
+from tests.runners.conftest import (
+    WEBHOOK_SECRET,
+    make_host,
+    make_runner,
+    wakes_asked,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "github" / "webhooks"
 URL = "/webhooks/github"
@@ -80,13 +86,6 @@ def _secrets(github_settings):
 
 
 @pytest.fixture
-def acme(db):
-    return Installation.objects.create(
-        github_id=77, account="acme", kind="org", repositories=["acme/app"]
-    )
-
-
-@pytest.fixture
 def post(client, django_capture_on_commit_callbacks):
     """Post through Django's test client, running on-commit hooks as a real commit would."""
 
@@ -117,7 +116,7 @@ def test_the_route_is_webhooks_github():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_hook01_a_validly_signed_delivery_is_accepted_over_a_real_socket(live_server):
+def test_hook01_a_validly_signed_delivery_is_accepted_over_a_real_socket(live_server, acme):
     body = encode(job_payload("queued"))
     answer = httpx.post(live_server.url + URL, content=body, headers=headers(body, "workflow_job"))
     assert answer.status_code == 200, answer.text
@@ -181,7 +180,7 @@ def test_hook01_with_no_secret_configured_nothing_is_accepted(live_server, _secr
 
 @pytest.mark.django_db(transaction=True)
 def test_hook01_the_singular_environment_alias_and_a_second_secret_both_verify(
-    live_server, _secrets
+    live_server, _secrets, acme
 ):
     """A rotation: the registry's list plus ZOOMIES_GITHUB_WEBHOOK_SECRET."""
     _secrets.set(webhook_secrets="old-secret")
@@ -235,7 +234,7 @@ def test_a_body_over_the_cap_is_413_and_records_nothing(live_server, _secrets):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_delivery_larger_than_djangos_upload_limit_is_still_read(live_server):
+def test_a_delivery_larger_than_djangos_upload_limit_is_still_read(live_server, acme):
     """GitHub sends up to 25 MB; Django's request.body would refuse over 2.5 MB."""
     payload = job_payload("queued")
     payload["workflow_job"]["steps"] = [{"name": "x" * 1000}] * 3000  # about 3 MB
@@ -280,6 +279,17 @@ def test_each_example_payload_is_accepted_as_github_sent_it(live_server, name):
     payload = json.loads(body)
     assert recorded.event == EVENTS[name]
     assert recorded.action == payload.get("action", "")
+    if EVENTS[name] == "workflow_job" and payload.get("installation"):
+        # Its installation is not configured: recorded, and the job not ours (issue 29 item
+        # 2). The same bytes from a configured installation make the job, below.
+        assert answer.json()["ignored"].startswith("installation ")
+        assert not Job.objects.exists()
+        owner = payload["repository"]["owner"]["login"]
+        Installation.objects.create(github_id=payload["installation"]["id"], account=owner)
+        delivery = str(uuid.uuid4())
+        again = headers(body, EVENTS[name], delivery=delivery)
+        answer = httpx.post(live_server.url + URL, content=body, headers=again)
+        assert answer.status_code == 200 and "ignored" not in answer.json(), answer.text
     if EVENTS[name] == "workflow_job":
         job = Job.objects.get(github_id=payload["workflow_job"]["id"])
         assert job.status == payload["action"]
@@ -314,7 +324,7 @@ def test_an_unknown_event_is_recorded_and_acknowledged(post):
 
 
 @pytest.mark.django_db
-def test_a_queued_action_with_status_waiting_is_taken_as_queued(post):
+def test_a_queued_action_with_status_waiting_is_taken_as_queued(post, acme):
     """GitHub can send `action: queued` with `status: waiting`; the action wins."""
     payload = job_payload("queued")
     payload["workflow_job"]["status"] = "waiting"
@@ -323,7 +333,7 @@ def test_a_queued_action_with_status_waiting_is_taken_as_queued(post):
 
 
 @pytest.mark.django_db
-def test_timestamps_are_stored_as_aware_datetimes(post):
+def test_timestamps_are_stored_as_aware_datetimes(post, acme):
     assert post(job_payload("completed")).status_code == 200
     job = Job.objects.get(github_id=4242)
     assert job.started_at.isoformat() == "2021-08-05T10:34:58+00:00"
@@ -512,3 +522,46 @@ def test_hook04_the_answer_makes_no_github_call_and_wakes_the_reconcile_pass(
     # How fast it answers is bench/webhook_ingest.py's to measure, not this test's.
     assert wakes_asked() == wakes + 1  # on commit, before the answer went back
     assert silent_github.calls == []
+
+
+@pytest.mark.django_db
+def test_issue29_item2_a_job_from_an_installation_not_configured_here_is_nobodys(post):
+    """A signed `workflow_job.queued` naming installation 9999, which is not configured,
+    for a repository of an account another installation serves: it used to be credited to
+    that installation by the account's name, and its pool minted a runner for it. It is
+    recorded (a redelivery is a duplicate), counted as ignored, and makes no job row."""
+    Installation.objects.create(github_id=1001, account="acme", repositories=["acme/app"])
+    payload = job_payload("queued", job_id=99)
+    payload["installation"] = {"id": 9999}
+    answer = post(payload)
+    assert answer.status_code == 200
+    assert answer.json()["ignored"] == "installation 9999 is not configured here"
+    assert WebhookDelivery.objects.get().installation is None
+    assert not Job.objects.exists()
+    assert Installation.objects.get().last_webhook_at is None
+
+
+@pytest.mark.django_db
+def test_issue29_item3_an_installation_deleted_at_github_is_removed_paused_audited_and_said(
+    post, acme
+):
+    """`installation.deleted` used to change nothing: the row stayed active and after a
+    restart the controller minted a token for it and swept it. Now it is removed (kept,
+    inactive), its pools are paused, both audited, and the problems list says so."""
+    from runners.problems import runners_problems  # noqa: PLC0415
+
+    pool = Pool.objects.create(name="zoomies-acme", labels=["acme"], installation=acme)
+    payload = {
+        "action": "deleted",
+        "installation": {"id": 77, "account": {"login": "acme", "type": "Organization"}},
+        "sender": {"login": "someone"},
+    }
+    assert post(payload, event="installation").status_code == 200
+    acme.refresh_from_db()
+    pool.refresh_from_db()
+    assert not acme.active and pool.paused
+    actions = set(AuditLog.objects.values_list("action", flat=True))
+    assert {"installation.remove", "pool.pause"} <= actions
+    (problem,) = [p for p in runners_problems(timezone.now())
+                  if p["key"] == "github.installation_removed"]  # fmt: skip
+    assert "zoomies-acme" in problem["detail"]

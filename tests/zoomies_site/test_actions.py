@@ -9,7 +9,7 @@ import pytest
 from accounts.models import AuditLog
 from zoomies_site.actions import InvalidSetting, reset_setting, set_setting
 from zoomies_site.core import registry
-from zoomies_site.models import SettingValue
+from zoomies_site.core.models import SettingValue
 
 pytestmark = pytest.mark.django_db
 

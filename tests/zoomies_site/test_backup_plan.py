@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import ast
 import io
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from tests.purity import impurities
 from zoomies_site.backup import plan
 from zoomies_site.backup.progress import Progress, watching
 
@@ -47,15 +47,7 @@ def test_bak06_retention_never_removes_the_newest_copy_however_old():
 
 def test_the_plan_module_is_pure():
     """No Django, no clock, no network, no files in the decision module."""
-    source = Path(plan.__file__).read_text()
-    imported = {
-        (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        for alias in node.names
-    }
-    assert imported <= {"__future__", "dataclasses", "datetime"}
-    assert ".now(" not in source and "open(" not in source
+    assert impurities(Path(plan.__file__), {"__future__", "dataclasses", "datetime"}) == []
 
 
 class Terminal(io.StringIO):

@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 READS = re.compile(r"os\.environ\.get\(|os\.environ\[|os\.getenv\(|\benviron\.get\(")
 # Programs of their own. (The sealing key never passes through the registry, but it too is
-# read through the door: accounts.sealing calls environment.lookup.)
+# read through the door: zoomies_site.core.sealing calls environment.lookup.)
 OWN_PROGRAMS = (
     "zoomies_site/core/environment.py",  # the door itself
     "fleet/agent/",  # the agent runs on other hosts, configured by its command line

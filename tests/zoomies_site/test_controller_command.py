@@ -6,6 +6,7 @@ what is asserted, with no child process started.
 
 from __future__ import annotations
 
+import configparser
 import logging
 import threading
 import time
@@ -18,9 +19,10 @@ from django.core.management.base import SystemCheckError
 from django.db import OperationalError
 from django.utils import timezone
 
+from zoomies_site import installer
 from zoomies_site.core import controller_lock, dbhealth
+from zoomies_site.core.models import Lease
 from zoomies_site.management.commands import controller as command
-from zoomies_site.models import Lease
 from zoomies_site.ticker import Periodic, Ticker
 
 
@@ -239,3 +241,23 @@ def test_a_start_refused_during_an_outage_stops_the_web_server_it_started(
         dbhealth.clear()
     assert order == ["web"]
     assert web.returncode == 0
+
+
+def test_the_shipped_systemd_unit_signals_the_controller_alone_and_restarts_it():
+    """Issue 21 item 2: systemd's default KillMode (control-group) sends SIGTERM to every
+    process of the unit at once, which breaks the controller's stop order; the unit the
+    README promises says `mixed` (SIGTERM to the main process, SIGKILL to what is left after
+    the timeout), restarts on failure, and names the data directory and environment file.
+    The shipped file is install's template (issue 26 item 1): read as install writes it."""
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # systemd's keys are case-sensitive
+    unit.read_string(installer.render_unit(installer.Layout(), installer.Program.this_one()))
+    service = unit["Service"]
+    assert service["KillMode"] == "mixed"
+    assert service["Restart"] == "on-failure"
+    assert service["ExecStart"].endswith("manage.py controller")
+    assert service["EnvironmentFile"].lstrip("-").startswith("/etc/")
+    assert service["Environment"] == "ZOOMIES_DATA_DIR=/var/lib/zoomies"
+    assert service["StateDirectory"] == "zoomies"  # /var/lib/zoomies, owned by User=
+    stop_budget = 2 * command.CHILD_STOP_SECONDS  # the workers, then the web server
+    assert int(service["TimeoutStopSec"]) > stop_budget

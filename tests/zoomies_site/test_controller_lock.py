@@ -13,7 +13,7 @@ import pytest
 
 from zoomies_site.core import controller_lock
 from zoomies_site.core.controller_lock import ControllerRefused
-from zoomies_site.models import Lease
+from zoomies_site.core.models import Lease
 from zoomies_site.problems import problems
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)

@@ -248,3 +248,20 @@ def test_no_finding_points_at_a_flow_that_does_not_exist():
     findings = registry.validate(only()) + registry.validate({"server.bind": "0.0.0.0:80"})
     assert findings
     assert not [f.key for f in findings if "manifest" in f"{f.why} {f.fix}".lower()]
+
+
+def test_esc09_scale_up_events_without_a_reachable_controller_url_are_a_finding():
+    """Issue 27 item 6: publishing capacity events while the controller listens on loopback
+    and no public URL is set would tell every new machine to dial 127.0.0.1."""
+    publishing = {
+        **CONFIGURED,
+        "capacity_demand.destination_url": "https://scaler.example/hook",
+        "capacity_demand.signing_secret": "a" * 64,
+    }
+    assert "config.no_public_url" in keys(registry.validate(publishing))
+    for fixed in (
+        {"server.public_url": "https://zoomies.example"},
+        {"capacity_demand.controller_url": "https://zoomies.example"},
+    ):
+        assert "config.no_public_url" not in keys(registry.validate({**publishing, **fixed}))
+    assert "config.no_public_url" not in keys(registry.validate(CONFIGURED))  # not publishing

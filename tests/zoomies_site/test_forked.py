@@ -77,7 +77,7 @@ def test_the_named_descriptors_are_closed_in_the_child_only(shared_metrics, tmp_
 def test_the_startup_metrics_directory_goes_and_an_operators_stays(tmp_path):
     """manage.py's directory for a starting controller's counts is removed once the variable
     points at the data directory; a directory anyone else named is never touched."""
-    from zoomies_site import metrics  # noqa: PLC0415
+    from zoomies_site.core import metrics  # noqa: PLC0415
 
     startup = Path(tempfile.mkdtemp(prefix=metrics.STARTUP_DIR_PREFIX))
     (startup / "counter_1.db").write_bytes(b"")
@@ -88,3 +88,68 @@ def test_the_startup_metrics_directory_goes_and_an_operators_stays(tmp_path):
     metrics.remove_startup_dir(None)
     assert not startup.exists()
     assert operators.exists()
+
+
+def _pid_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_a_grandchild_dies_with_its_parent_however_the_parent_dies(shared_metrics, tmp_path):
+    """Issue 21 item 1: django-q2's sentinel and workers are forks of the forked child, and a
+    parent-death signal is not inherited across a fork. Here the child forks a grandchild
+    that ignores SIGTERM (as django-q2's processes may, mid-start), then the child is killed:
+    the grandchild must die too, not live on under init."""
+    report = tmp_path / "grandchild"
+
+    def fork_a_stubborn_grandchild() -> None:
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(60)
+            os._exit(0)
+        report.write_text(str(pid))
+        time.sleep(60)
+
+    child = forked.ForkedChild("child", fork_a_stubborn_grandchild)
+    deadline = time.monotonic() + 30
+    while not report.exists() or not report.read_text():
+        assert time.monotonic() < deadline, "the child never forked"
+        time.sleep(0.05)
+    grandchild = int(report.read_text())
+    try:
+        child.kill()
+        assert child.wait(timeout=30) == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while _pid_state(grandchild) not in ("gone", "Z", "X"):
+            assert time.monotonic() < deadline, f"grandchild {grandchild} outlived its parent"
+            time.sleep(0.05)
+    finally:
+        if _pid_state(grandchild) not in ("gone", "Z", "X"):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def test_a_child_whose_parent_is_already_gone_leaves_at_once():
+    """Issue 21 item 1, the race: a parent that died between the fork and the arming of the
+    signal has left its child to init, which no signal will ever stop. The check after
+    arming it sees a parent that is not the one that forked, and leaves."""
+    pid = os.fork()
+    if pid == 0:  # the child: "forked" by a parent that is not its parent
+        try:
+            forked.die_with_parent(os.getppid() + 1_000_000)
+        finally:
+            os._exit(7)  # reached only if die_with_parent let it live on
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1
+
+
+def test_each_child_leads_a_process_group_of_its_own(shared_metrics, tmp_path):
+    """Issue 21 item 2: a signal to the controller's group (Ctrl-C, `kill -- -PGID`) reaches
+    the controller alone, which stops its children in order."""
+    report = tmp_path / "group"
+    child = forked.ForkedChild("child", lambda: report.write_text(f"{os.getpgid(0)} {os.getpid()}"))
+    assert child.wait(timeout=30) == 0
+    group, pid = report.read_text().split()
+    assert group == pid != str(os.getpgid(0))

@@ -26,8 +26,11 @@ from tests.fleet.conftest import join, make_runner
 
 pytestmark = pytest.mark.django_db
 
-# One cap for every list: authentication, the registry, the rows and their prefetches.
-QUERY_CAP = 15
+# One cap for every list: authentication, the registry, the rows and their prefetches. The
+# problems list is the heaviest (each of its sources reads its rows; rented machines and
+# their providers added two, issue 23 item 7; the jobs whose runner is gone one, issue 21
+# item 3; a provider refusing its creates one, issue 24 item 5).
+QUERY_CAP = 20
 NOW = datetime(2026, 9, 5, 12, 0, tzinfo=UTC)
 _serial = count(1)
 

@@ -118,6 +118,7 @@ def test_env_names_do_not_collide_with_the_process_settings():
         "ZOOMIES_DB",
         "ZOOMIES_DATABASE_URL",
         "ZOOMIES_REDIS_URL",
+        "ZOOMIES_REDIS_PREFIX",
         "ZOOMIES_Q_WORKERS",
         "ZOOMIES_LOG_LEVEL",
         "ZOOMIES_ALLOWED_HOSTS",

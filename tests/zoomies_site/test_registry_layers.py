@@ -8,8 +8,8 @@ import pytest
 
 from tests.zoomies_site.layers import only
 from zoomies_site.core import registry
+from zoomies_site.core.models import SettingValue
 from zoomies_site.core.registry import layers
-from zoomies_site.models import SettingValue
 
 KEY = "scheduler.provision_timeout"
 ENV = "ZOOMIES_SCHEDULER_PROVISION_TIMEOUT"

@@ -1,7 +1,7 @@
 """AUTH-07: secret settings are sealed in their SettingValue rows, and opened when layered.
 
 `github.private_key` and `github.webhook_secrets` go through `actions.set_setting`, which
-seals them (AES-256-GCM, accounts.sealing); the database layer opens them. A row that cannot
+seals them (AES-256-GCM, core.sealing); the database layer opens them. A row that cannot
 be opened is an error finding naming where the key came from, never a crash, and the layer
 below stays in force. The admin never shows one, and `manage.py set_secret` stores one from a
 file or stdin without it touching argv.
@@ -17,11 +17,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.urls import reverse
 
-from accounts import sealing
 from accounts.models import AuditLog
 from zoomies_site.actions import InvalidSetting, reset_setting, set_setting
-from zoomies_site.core import registry
-from zoomies_site.models import SettingValue
+from zoomies_site.core import registry, sealing
+from zoomies_site.core.models import SettingValue
 from zoomies_site.problems import config_findings
 
 pytestmark = pytest.mark.django_db

@@ -11,8 +11,14 @@ from zoomies_site import server
 from zoomies_site.core import registry
 
 
-def test_plain_http_is_one_listener_on_the_bind():
+def test_plain_http_is_the_bind_and_the_internal_loopback_listener():
+    """Issue 21 item 12: the controller's own clients have a listener of their own on plain
+    HTTP too, which the per-client cap does not count."""
     assert server.endpoints("127.0.0.1", 8080, cert="", key="", internal_port=9) == [
+        "tcp:port=8080:interface=127.0.0.1",
+        "tcp:port=9:interface=127.0.0.1",
+    ]
+    assert server.endpoints("127.0.0.1", 8080, cert="", key="", internal_port=None) == [
         "tcp:port=8080:interface=127.0.0.1"
     ]
 
@@ -27,7 +33,7 @@ def test_tls_serves_the_bind_from_the_cert_and_key_and_adds_the_loopback_listene
 
 def test_half_a_tls_configuration_serves_plain_http():
     """The registry refuses it with an error finding (config.tls_incomplete) anyway."""
-    assert server.endpoints("127.0.0.1", 1, cert="/c.pem", key="", internal_port=9) == [
+    assert server.endpoints("127.0.0.1", 1, cert="/c.pem", key="", internal_port=None) == [
         "tcp:port=1:interface=127.0.0.1"
     ]
 

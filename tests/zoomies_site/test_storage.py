@@ -28,7 +28,7 @@ from django.db import OperationalError, connection, transaction
 from django.db.utils import load_backend
 
 from runners.models import Job
-from zoomies_site.models import Lease
+from zoomies_site.core.models import Lease
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_TABLE = Lease._meta.db_table

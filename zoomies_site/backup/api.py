@@ -16,8 +16,9 @@ from rest_framework.views import APIView
 from accounts.actors import actor_for
 from accounts.permissions import RoleAccess
 from accounts.roles import Level
-from zoomies_site.api_common import ListPages, page_of
 from zoomies_site.backup import service
+from zoomies_site.core.api_common import ListPages, page_of
+from zoomies_site.core.api_parsers import RejectUnknownFields
 
 
 class AdminOnly:
@@ -49,7 +50,7 @@ class BackupSerializer(serializers.Serializer):
     format = serializers.IntegerField(required=False)
 
 
-class NewBackupSerializer(serializers.Serializer):
+class NewBackupSerializer(RejectUnknownFields, serializers.Serializer):
     upload = serializers.BooleanField(
         default=False, help_text="also copy it to every remote in backup.remotes"
     )

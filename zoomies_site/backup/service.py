@@ -39,7 +39,7 @@ from accounts import audit
 from zoomies_site.backup import crypto, plan, remote
 from zoomies_site.backup.progress import Progress, watching
 from zoomies_site.core import controller_lock, registry
-from zoomies_site.models import Lease
+from zoomies_site.core.models import Lease
 from zoomies_site.ticker import enqueue
 
 MANIFEST_SUFFIX = remote.MANIFEST_SUFFIX
@@ -391,11 +391,17 @@ def list_remote(url: str, *, s3=None) -> list[dict]:
 
 
 def resolve(name_or_path: str, directory: Path | None = None) -> Path:
-    """A backup by its file name in the backup directory, or by a path."""
+    """A backup by its file name in the backup directory, or by a path. An empty name or a
+    directory is no backup (issue 21 item 11: "" meant the current directory, and a
+    traceback)."""
+    if not name_or_path.strip():
+        raise BackupError("name a backup: a file name in backup.dir, or a path to one")
     candidate = Path(name_or_path)
-    if candidate.exists() or os.sep in name_or_path:
-        return candidate
-    return (directory or backup_dir()) / name_or_path
+    if not (candidate.exists() or os.sep in name_or_path):
+        candidate = (directory or backup_dir()) / name_or_path
+    if candidate.is_dir():
+        raise BackupError(f"{name_or_path!r} is a directory, not a backup")
+    return candidate
 
 
 @dataclass

@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 
-from zoomies_site.models import Lease
+from zoomies_site.core.models import Lease
 
 LEASE_NAME = "controller"
 

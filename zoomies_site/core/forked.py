@@ -24,7 +24,20 @@ stays held in the child. Without `--sandbox` the controller forks before it star
 thread of its own (the embedded agent and the lease renewal come after). With it, the
 sandbox's fake GitHub is already serving on its threads, but idle: nothing has called it
 yet (the children are what will), so none of them holds a lock then. The children inherit
-its listening socket, which closes with them; they die with the controller.
+its listening socket, which closes with them.
+
+Every process of a child's tree dies with its parent, however the parent dies (issue 21
+item 1): the kernel's parent-death signal is SIGKILL, set first thing in the child and again
+in every process the child forks in turn (django-q2's sentinel, workers, monitor and pusher
+are forks of forks, and the signal is not inherited across a fork), each checking that its
+parent did not die before the signal was armed. SIGKILL, because a parent that died was not
+there to stop its child in order, and django-q2 ignores or mishandles a SIGTERM that arrives
+while its cluster is starting (one start in three kept the whole tree alive as orphans).
+
+Each child leads a process group of its own (issue 21 item 2), so Ctrl-C in a terminal or a
+signal to the controller's group reaches only the controller, which stops the children in
+its order: the agent, the workers, then the web server. systemd signals every process of a
+unit unless told otherwise, hence `KillMode=mixed` in the shipped unit.
 """
 
 from __future__ import annotations
@@ -49,14 +62,45 @@ class MetricsNotShared(RuntimeError):
     """Prometheus was not in multiprocess mode when this process made its first metric."""
 
 
+# Loaded once, in the parent: a child arms its parent-death signal before anything else.
+_LIBC = ctypes.CDLL(None, use_errno=True)
+# The pid of the process that is forking now, written in the parent just before each fork
+# by the hook `tie_forks_to_parent` registers, read in the new child.
+_forking_parent = 0
+
+
 def _prctl(option: int, value: object) -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value)
+    _LIBC.prctl(option, value)
 
 
-def die_with_parent() -> None:
-    """The kernel sends this process SIGTERM when its parent dies, however it dies (SIGKILL
-    included), so no web server or worker outlives its controller."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def arm_parent_death_signal() -> None:
+    """The kernel kills this process when its parent dies, however it dies."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def die_with_parent(parent: int) -> None:
+    """The kernel kills this process when its parent dies, however it dies (SIGKILL
+    included), so no web server or worker outlives its controller. A parent that died
+    before the signal was armed left this process to init: then it leaves at once."""
+    arm_parent_death_signal()
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _remember_forking_parent() -> None:
+    global _forking_parent  # the at-fork hook's only channel to the child
+    _forking_parent = os.getpid()
+
+
+def _tie_new_child() -> None:
+    die_with_parent(_forking_parent)
+
+
+def tie_forks_to_parent() -> None:
+    """Every process this one forks from now on, and their forks in turn (the hooks are
+    inherited), dies with its own parent. `subprocess` runs no fork hooks, so a program
+    this tree starts on purpose (none does today) is not tied."""
+    os.register_at_fork(before=_remember_forking_parent, after_in_child=_tie_new_child)
 
 
 def set_process_name(name: str) -> None:
@@ -135,13 +179,13 @@ class ForkedChild:
 def _child(run: Callable[[], object], parent: int, close: tuple[int, ...], name: str) -> None:
     code = 1
     try:
+        die_with_parent(parent)
+        tie_forks_to_parent()
+        os.setpgid(0, 0)  # a signal to the controller's group is the controller's alone
         if name:
             set_process_name(name)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
-        die_with_parent()
-        if os.getppid() != parent:  # the parent died before the line above took effect
-            os._exit(1)
         for fd in close:
             os.close(fd)
         run()

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from zoomies_site.models import Lease
+from zoomies_site.core.models import Lease
 
 
 def _ensure(name: str) -> None:
@@ -83,13 +84,41 @@ def holder_of(name: str) -> tuple[str, datetime | None]:
 
 
 def pid_alive(pid: int) -> bool:
+    """A process with this pid runs. A zombie does not: it has died and only waits for its
+    parent (init, once its controller was killed) to reap it, which may take a while, and
+    `kill(pid, 0)` still succeeds on it (issue 21 item 17)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # someone else's process: alive, just not ours to signal
-    return True
+        pass  # someone else's process: alive unless it is a zombie, just not ours to signal
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False  # gone since the kill above
+    except OSError:
+        return True  # no /proc to read: what kill() said stands
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def held_by_live_processes(
+    *, host: str, keep: Iterable[str] = (), alive: Callable[[int], bool] = pid_alive
+) -> set[tuple[str, str]]:
+    """The (name, holder) pairs of leases held on `host` by a process that still runs."""
+    rows = Lease.objects.filter(holder__startswith=f"{host}:").exclude(name__in=list(keep))
+    return {
+        (name, holder)
+        for name, holder in rows.values_list("name", "holder")
+        if (pid := holder.split(":")[1]).isdigit() and alive(int(pid))
+    }
+
+
+def still_held(pairs: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which of these (name, holder) pairs are still held by that holder."""
+    pairs = set(pairs)
+    rows = Lease.objects.filter(name__in=[name for name, _ in pairs])
+    return pairs & set(rows.values_list("name", "holder"))
 
 
 def take_over_dead_holders(

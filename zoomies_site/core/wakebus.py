@@ -15,6 +15,11 @@ database (a hash of its engine, name, host and port), so two controllers on one 
 never wake each other, and a socket path stays well inside the 108 bytes AF_UNIX allows.
 A listener killed without closing leaves its socket behind: the next sender that is
 refused by it removes it.
+
+Across machines (issue 26 item 4: several web and worker processes on PostgreSQL), a Unix
+socket reaches no one; with `ZOOMIES_REDIS_URL` set, the bus is Redis pub/sub instead, on
+one channel per database and topic, with the same Listener surface (a file descriptor to
+wait on, drain, wait, close) and the same promise: a hint, never the only way work is found.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from zoomies_site.core import environment
+
 log = logging.getLogger("zoomies.wakebus")
 
 # The topics in use; a listener and its senders name the same one.
@@ -43,17 +50,105 @@ _serial = 0
 _serial_lock = threading.Lock()
 
 
+REDIS_ENV = "ZOOMIES_REDIS_URL"
+
+
+def database_digest(database: Mapping[str, Any]) -> str:
+    """A short name for one database (a Django DATABASES entry): its engine, name, host, port."""
+    identity = "|".join(str(database.get(key) or "") for key in ("ENGINE", "NAME", "HOST", "PORT"))
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
 def bus_directory(database: Mapping[str, Any]) -> Path:
     """The directory of the sockets for `database` (a Django DATABASES entry)."""
-    identity = "|".join(str(database.get(key) or "") for key in ("ENGINE", "NAME", "HOST", "PORT"))
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"zoomies-wake-{digest}"
+    return Path(tempfile.gettempdir()) / f"zoomies-wake-{database_digest(database)}"
+
+
+def _default_database() -> Mapping[str, Any]:
+    from django.db import connection  # noqa: PLC0415
+
+    settings: Mapping[str, Any] = connection.settings_dict
+    return settings
 
 
 def _default_directory() -> Path:
-    from django.db import connection  # type: ignore[import-untyped]  # noqa: PLC0415
+    return bus_directory(_default_database())
 
-    return bus_directory(connection.settings_dict)
+
+def redis_url() -> str:
+    return environment.read(REDIS_ENV)
+
+
+def redis_channel(topic: str, database: Mapping[str, Any] | None = None) -> str:
+    return f"zoomies-wake:{database_digest(database or _default_database())}:{topic}"
+
+
+class RedisListener:
+    """One process's subscription to one topic on Redis. Not shared between threads."""
+
+    def __init__(self, topic: str, url: str, channel: str | None = None) -> None:
+        import redis  # noqa: PLC0415  # only where Redis is configured
+
+        self.topic = topic
+        self.channel = channel or redis_channel(topic)
+        self._client = redis.Redis.from_url(url, socket_timeout=5)
+        self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        self._pubsub.subscribe(self.channel)
+        # The subscription is confirmed before the listener is handed out, so a wake sent
+        # after construction is never one the server dropped for want of a subscriber.
+        deadline = 5.0
+        while self._pubsub.subscribed is False or self._pubsub.connection is None:
+            self._pubsub.get_message(timeout=0.1)
+            deadline -= 0.1
+            if deadline <= 0:
+                raise OSError(f"redis did not confirm the subscription to {self.channel}")
+        self._pubsub.get_message(timeout=0.5)  # the confirmation itself, taken and ignored
+
+    def fileno(self) -> int:
+        connection = self._pubsub.connection
+        if connection is None or connection._sock is None:
+            raise OSError("the Redis connection is closed")
+        fd: int = connection._sock.fileno()
+        return fd
+
+    def drain(self) -> int:
+        taken = 0
+        while self._pubsub.get_message(timeout=0.0) is not None:
+            taken += 1
+        return taken
+
+    def wait(self, timeout: float) -> bool:
+        if self._pubsub.get_message(timeout=max(timeout, 0.0)) is None:
+            return False
+        self.drain()
+        return True
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._pubsub.close()
+        with contextlib.suppress(Exception):
+            self._client.close()
+
+
+_publisher: Any = None
+_publisher_key: tuple[int, str] = (0, "")
+
+
+def _publish(topic: str, url: str) -> int:
+    """One wake to every subscriber of `topic` on Redis; how many received it."""
+    global _publisher, _publisher_key
+    import redis  # noqa: PLC0415  # only where Redis is configured
+
+    if _publisher is None or _publisher_key != (os.getpid(), url):
+        _publisher = redis.Redis.from_url(url, socket_timeout=2)
+        _publisher_key = (os.getpid(), url)
+    try:
+        received: int = _publisher.publish(redis_channel(topic), b"!")
+        return received
+    except redis.RedisError:
+        log.debug("wake bus: publishing %s to Redis failed", topic, exc_info=True)
+        _publisher = None
+        return 0
 
 
 class Listener:
@@ -139,6 +234,12 @@ def _send(path: Path) -> bool | None:
 
 def notify(topic: str, directory: Path | None = None) -> int:
     """Wake every listener on `topic`; how many were reached. Never raises."""
+    if directory is None and (url := redis_url()):
+        try:
+            return _publish(topic, url)
+        except Exception:  # no bus: the listeners' own polls find the work
+            log.debug("wake bus: cannot publish %s", topic, exc_info=True)
+            return 0
     try:
         folder = directory or _default_directory()
         paths = list(folder.glob(f"{topic}.*.sock"))
@@ -163,12 +264,14 @@ def sweep_stale(root: Path | None = None) -> int:
     return removed
 
 
-def listen_or_none(topic: str) -> Listener | None:
-    """A listener on `topic`, or None (logged) when the bus cannot be set up here: the
-    caller then polls alone, as it did before the bus."""
+def listen_or_none(topic: str) -> Listener | RedisListener | None:
+    """A listener on `topic` (on Redis when ZOOMIES_REDIS_URL is set), or None (logged) when
+    the bus cannot be set up here: the caller then polls alone, as it did before the bus."""
     try:
+        if url := redis_url():
+            return RedisListener(topic, url)
         return Listener(topic)
-    except OSError:
+    except Exception:
         log.warning("wake bus: cannot listen on %s; polling only", topic, exc_info=True)
         return None
 

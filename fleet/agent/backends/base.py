@@ -11,6 +11,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet import protocol
+from fleet.agent.memory_valve import MemoryUse
+
 
 class BackendError(Exception):
     """The backend could not do what was asked; the message is shown to the operator."""
@@ -48,38 +51,27 @@ class RunnerSpec:
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any], *, runner_id: int | None = None) -> RunnerSpec:
-        rid = payload.get("runner_id", runner_id)
-        if rid is None:
-            raise BackendError("the create_runner payload names no runner_id")
-        command = payload.get("command")
-        if command is not None and (
-            not isinstance(command, list) or not all(isinstance(a, str) for a in command)
-        ):
-            raise BackendError("the create_runner command must be a list of strings")
-        env = payload.get("env") or {}
-        if not isinstance(env, dict):
-            raise BackendError("the create_runner env must be an object")
-        cpus = payload.get("cpus")
-        memory_mb = payload.get("memory_mb")
+        """The backends' view of a create_runner payload, read by the message's one
+        definition (protocol.CreateRunnerPayload); a field of the wrong type is refused."""
+        try:
+            read = protocol.CreateRunnerPayload.from_json(payload, runner_id=runner_id)
+        except protocol.ProtocolError as exc:
+            raise BackendError(f"the create_runner payload is unusable: {exc}") from None
         return cls(
-            runner_id=int(rid),
-            runner_name=str(payload.get("runner_name") or f"runner-{rid}"),
-            pool=str(payload.get("pool") or ""),
-            backend=str(payload.get("backend") or "process"),
-            image=payload.get("image"),
-            command=list(command) if command is not None else None,
-            env={str(k): str(v) for k, v in env.items()},
-            cpus=float(cpus) if cpus is not None else None,
-            memory_mb=int(memory_mb) if memory_mb is not None else None,
-            ephemeral=bool(payload.get("ephemeral", True)),
-            cpus_from=_given_by(payload.get("cpus_from")),
-            memory_from=_given_by(payload.get("memory_from")),
-            dind=payload.get("dind") is True,
+            runner_id=read.runner_id,
+            runner_name=read.runner_name,
+            pool=read.pool,
+            backend=read.backend,
+            image=read.image,
+            command=None if read.command is None else list(read.command),
+            env=dict(read.env),
+            cpus=read.cpus,
+            memory_mb=read.memory_mb,
+            ephemeral=read.ephemeral,
+            cpus_from=read.cpus_from,
+            memory_from=read.memory_from,
+            dind=read.dind,
         )
-
-
-def _given_by(value: Any) -> str | None:
-    return value if value in ("pool", "host") else None
 
 
 @dataclass(frozen=True)
@@ -189,6 +181,23 @@ class Backend(ABC):
     @abstractmethod
     def probe(self) -> HostSize:
         """The host's size as this backend sees it."""
+
+    def apply_cpu_factor(self, runner_id: int, factor: float) -> int:
+        """HOST-20: run the runner's containers at `factor` times the CPUs each was given,
+        idempotently; answers how many it changed. This default limits nothing (a process
+        runner has no quota to scale)."""
+        return 0
+
+    def memory_use(self, runner_id: int) -> MemoryUse | None:
+        """The runner's memory use and limit as its engine reports them (HOST-12's sample
+        for the memory valve); None where there is no limit to raise (this default: a
+        process runner)."""
+        return None
+
+    def raise_memory(self, runner_id: int, limit_mb: int) -> None:
+        """Raise the runner's memory limit to `limit_mb` in place (HOST-27); only ever
+        called with a higher figure. This default has no limit to raise."""
+        raise BackendError(f"runner {runner_id}: this backend has no memory limit to raise")
 
     # builtins.list: inside the class `list` is the method above.
     def prewarm(self, image: str | None, *, dind: bool = False) -> builtins.list[str]:

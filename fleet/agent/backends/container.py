@@ -34,11 +34,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import quote
 
 import docker
 import docker.errors
 import requests.exceptions
 
+from fleet.agent.backends import memory
 from fleet.agent.backends.base import (
     Backend,
     BackendError,
@@ -69,6 +71,7 @@ from fleet.agent.backends.resources import (
     slot_share,
 )
 from fleet.agent.host import platform_name
+from fleet.agent.memory_valve import MemoryUse
 
 log = logging.getLogger("fleet.agent.backends")
 
@@ -158,6 +161,15 @@ def halved(given: Allocation) -> Allocation:
         cpus=None if given.cpus is None else floor_hundredth(given.cpus / 2),
         memory_mb=None if given.memory_mb is None else given.memory_mb // 2,
     )
+
+
+def _quota_cpus(host_config: dict[str, Any]) -> float:
+    """The CPUs a container may use, as its engine says (Docker: NanoCpus; Podman may
+    answer a quota and period instead); 0 for none."""
+    if host_config.get("NanoCpus"):
+        return float(host_config["NanoCpus"]) / 1e9
+    quota, period = host_config.get("CpuQuota") or 0, host_config.get("CpuPeriod") or 0
+    return quota / period if quota > 0 and period > 0 else 0.0
 
 
 def sidecar_name(runner_id: int) -> str:
@@ -378,6 +390,10 @@ class ContainerBackend(ImagePreparation, Backend):
             "labels": self.labels_for(spec, given),
             "environment": dict(spec.env),
             "detach": True,
+            # SEC-03: nothing in a job gains root through a setuid binary (sudo, su); the
+            # runner runs as its image's user (the stock image's is not root), with no
+            # engine socket mounted and no capability added.
+            "security_opt": ["no-new-privileges:true"],
         }
         if spec.dind:
             # The runner is created only once its daemon answers (BACK-18).
@@ -410,6 +426,51 @@ class ContainerBackend(ImagePreparation, Backend):
             raise self._error(f"starting {name}", exc) from exc
         # The stubs allow an id of None; a created container has one, and its name is a ref too.
         return Handle(runner_id=spec.runner_id, ref=container.id or name)
+
+    def apply_cpu_factor(self, runner_id: int, factor: float) -> int:
+        """HOST-20, HOST-23: each container of the runner (its sidecar too) at `factor`
+        times the CPUs its label says it was given (a DinD pair's halves each keep their
+        own half as the base), so restoring the factor restores exactly that. A container
+        already at its figure is not touched; one with no CPU figure is left unlimited."""
+        changed = 0
+        for name in (container_name(runner_id), sidecar_name(runner_id)):
+            attrs = self._inspect_raw(name)
+            if attrs is None or not (attrs.get("State") or {}).get("Running"):
+                continue
+            given = (attrs.get("Config") or {}).get("Labels", {}).get(CPUS_LABEL)
+            try:
+                base = float(given)
+            except (TypeError, ValueError):
+                continue
+            nano = int(round(base * min(max(factor, 0.5), 1.0) * 1e9))
+            if abs(_quota_cpus(attrs.get("HostConfig") or {}) - nano / 1e9) < 0.005:
+                continue
+            try:
+                self._update_cpus(name, nano)
+            except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+                raise self._error(f"updating {name}'s CPU quota", exc) from exc
+            changed += 1
+        return changed
+
+    def memory_use(self, runner_id: int) -> MemoryUse | None:
+        """HOST-12: one non-streaming stats call (5 s at most); a container not running, or
+        one given no memory limit, has nothing for the valve."""
+        try:
+            return memory.container_use(self.client().api, container_name(runner_id))
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._error(f"reading runner {runner_id}'s memory", exc) from exc
+
+    def raise_memory(self, runner_id: int, limit_mb: int) -> None:
+        try:
+            memory.raise_limit(self.client().api, container_name(runner_id), limit_mb)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._error(f"raising runner {runner_id}'s memory limit", exc) from exc
+
+    def _update_cpus(self, name: str, nano_cpus: int) -> None:
+        """Docker's update of a running container's CPU limit, in place."""
+        api = self.client().api
+        url = f"{api.base_url}/v{api.api_version}/containers/{quote(name, safe='')}/update"
+        api.post(url, json={"NanoCpus": nano_cpus}, timeout=30).raise_for_status()
 
     def inspect(self, runner_id: int) -> Workload:
         attrs = self._inspect_raw(container_name(runner_id))
@@ -534,6 +595,8 @@ class ContainerBackend(ImagePreparation, Backend):
             HOST_LABEL: self.host,
             ROLE_LABEL: DIND_ROLE,
         }
+        if given.cpus is not None:
+            labels[CPUS_LABEL] = f"{given.cpus:.2f}"  # HOST-23: its half, the throttle's base
         api = self.client().api
         self.prepare_image(self.dind_image, self.pull_policy)
         try:

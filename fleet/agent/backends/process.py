@@ -60,10 +60,9 @@ from fleet.agent.backends.process_shim import (
 from fleet.agent.host import local_size, platform_name
 
 META_FILE = "meta.json"
-SHIM_MODULE = "fleet.agent.backends.process_shim"
-# The directory that holds the `fleet` package: the shim is started with it as its cwd so
-# `python -m` finds the module without a PYTHONPATH the runner would inherit.
-PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+# The shim runs as a script under `python -I` (standard library only): isolated from the
+# PYTHON* variables and the user's site, and needing no sys.path entry for our package.
+SHIM_PATH = str(Path(__file__).resolve().with_name("process_shim.py"))
 # SEC-05: the only variables of the agent's own environment a runner inherits. Everything
 # else (above all ZOOMIES_*, the controller's secrets when the agent is embedded) stays out;
 # a runner needs more only through its task's `env`.
@@ -149,17 +148,19 @@ class ProcessBackend(Backend):
                 "proc_start_time": None,
             }
             _write_json(run_dir / META_FILE, meta)
-            env = {**self.base_env, **spec.env}
+            # Issue 21 item 13: the pool's env is the runner's alone; the shim gets it on its
+            # standard input (never on disk) and runs in the allow-listed basics.
+            runner_env = json.dumps({**self.base_env, **spec.env}).encode()
             # The shim inherits this thread's signal mask: with the stop signals blocked until
             # its handler is in place, a stop right after the create cannot kill it unrecorded.
             previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             try:
                 with open(run_dir / OUTPUT_FILE, "ab") as log:
                     child = subprocess.Popen(
-                        [self.python, "-m", SHIM_MODULE, str(run_dir), "--", *spec.command],
-                        cwd=PACKAGE_ROOT,
-                        env=env,
-                        stdin=subprocess.DEVNULL,
+                        [self.python, "-I", SHIM_PATH, str(run_dir), "--", *spec.command],
+                        cwd=run_dir,
+                        env=self.base_env,
+                        stdin=subprocess.PIPE,
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
@@ -170,6 +171,12 @@ class ProcessBackend(Backend):
                 raise BackendError(f"cannot start the runner's supervisor: {exc}") from exc
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+            if child.stdin is not None:  # always, with stdin=PIPE
+                try:
+                    with child.stdin:
+                        child.stdin.write(runner_env)
+                except OSError:
+                    pass  # the shim ended before it read it: inspect finds it exited
             # Readable even if the shim already ended: an unreaped child stays in /proc.
             identity = process_identity(child.pid, self.proc_root)
             meta["pid"] = child.pid

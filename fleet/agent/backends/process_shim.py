@@ -1,24 +1,34 @@
-"""The process backend's supervisor: `python -m fleet.agent.backends.process_shim DIR -- ARGV...`.
+"""The process backend's supervisor: `python -I .../process_shim.py DIR -- ARGV...`.
 
 It runs ARGV with its output appended to DIR/output.log and writes DIR/exit_code when the
 child ends. The agent starts it in a session of its own, so an agent that restarts is no
 longer its parent and can still learn how the runner ended by reading the file (AGENT-23).
 Standard library only: it must start fast and import nothing the agent's host may lack.
+
+The runner's environment (the allow-listed basics and the pool's `env`) arrives as JSON on
+the shim's standard input, never on disk, and only the runner gets it: the shim itself runs
+in the agent's allow-listed environment under `python -I`, so a pool's `PYTHONHOME` or
+`PYTHONPATH` meant for the job cannot break the supervisor and lose the exit code (issue 21
+item 13).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import BinaryIO
 
 EXIT_CODE_FILE = "exit_code"
 OUTPUT_FILE = "output.log"
 # The shell's convention: a child killed by signal N ended with 128 + N.
 SIGNAL_EXIT_BASE = 128
 NOT_FOUND_EXIT = 127
+# The shim could not start the runner for want of its environment (the agent died mid-create).
+BAD_START_EXIT = 126
 
 
 def write_exit_code(run_dir: Path, code: int, *, only_if_missing: bool = False) -> None:
@@ -40,6 +50,19 @@ def write_exit_code(run_dir: Path, code: int, *, only_if_missing: bool = False) 
     os.replace(tmp, target)
 
 
+def read_runner_env(stream: BinaryIO) -> dict[str, str]:
+    """The runner's environment, a JSON object of strings, read whole from `stream`."""
+    try:
+        env = json.loads(stream.read())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ValueError("not an object of strings")
+    return env
+
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _received: list[int] = []
 
@@ -55,6 +78,13 @@ def main(argv: list[str]) -> int:
         return 2
     run_dir = Path(argv[0])
     command = argv[2:]
+    try:
+        runner_env = read_runner_env(sys.stdin.buffer)
+    except ValueError as exc:
+        with open(run_dir / OUTPUT_FILE, "ab") as log:
+            log.write(f"zoomies: no environment for the runner: {exc}\n".encode())
+        write_exit_code(run_dir, BAD_START_EXIT)
+        return BAD_START_EXIT
     # A Python handler, not SIG_IGN: exec resets handlers but would pass SIG_IGN on to the
     # runner, which would then never hear a stop.
     for signum in STOP_SIGNALS:
@@ -72,6 +102,7 @@ def main(argv: list[str]) -> int:
         try:
             child = subprocess.Popen(
                 command,
+                env=runner_env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -1,5 +1,8 @@
-"""The fake GitHub's plumbing: constants, its state records, request/response/error types and
-the HTTP server that hands every request to `FakeGitHub._dispatch`."""
+"""The fake GitHub's plumbing: constants, the request/response/error types every section
+shares, and the HTTP server that hands each request to the callable it is given.
+
+It imports no other part of the fake but shapes.py, and state.py's records for annotations
+(state.py imports nothing back): the sections build on both."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from runners.github.fake.shapes import DOCS
 
 if TYPE_CHECKING:
-    from runners.github.fake.server import FakeGitHub
+    from runners.github.fake.state import FakeState, Token
 
 RATE_DOCS = "https://docs.github.com/rest/using-the-rest-api/rate-limits-for-the-rest-api"
 SECONDARY_DOCS = RATE_DOCS + "#about-secondary-rate-limits"
@@ -43,12 +46,13 @@ LONG_POLL_MAX = 50.0
 DELIVERY_TIMEOUT = 10.0  # GitHub gives up on a hook after 10 s
 REDELIVERY_WINDOW = 3 * 86400  # github.com redelivers deliveries of the past 3 days only
 RUNNER_NAME_MAX = 64
+ALL_RUNNERS = "*"  # hold_runners_offline's every runner (no runner name is "*")
 
 _key_lock = threading.Lock()
 _key_cache: list[rsa.RSAPrivateKey] = []
 
 
-def _shared_key() -> rsa.RSAPrivateKey:
+def shared_key() -> rsa.RSAPrivateKey:
     # One RSA key per process: generating one costs ~50 ms and each fake has its own app id.
     with _key_lock:
         if not _key_cache:
@@ -56,7 +60,7 @@ def _shared_key() -> rsa.RSAPrivateKey:
         return _key_cache[0]
 
 
-class _Error(Exception):
+class HttpError(Exception):
     """An HTTP error answer in GitHub's basic-error shape."""
 
     def __init__(
@@ -84,14 +88,14 @@ class _Error(Exception):
 
 
 @dataclass
-class _Response:
+class Response:
     status: int
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
-class _Request:
+class Request:
     method: str
     path: str
     query: dict[str, list[str]]
@@ -99,7 +103,7 @@ class _Request:
     raw_body: bytes
     params: dict[str, str] = field(default_factory=dict)
     installation_id: int | None = None
-    token: _Token | None = None
+    token: Token | None = None
     principal: tuple[Any, ...] = ("anon",)
 
     def q(self, name: str) -> str | None:
@@ -109,127 +113,21 @@ class _Request:
     def json(self, *, required: bool = True) -> Any:
         if not self.raw_body.strip():
             if required:
-                raise _Error(400, "Problems parsing JSON")
+                raise HttpError(400, "Problems parsing JSON")
             return {}
         try:
             return json.loads(self.raw_body)
         except ValueError:
-            raise _Error(400, "Problems parsing JSON") from None
+            raise HttpError(400, "Problems parsing JSON") from None
 
 
-@dataclass
-class _Installation:
-    id: int
-    account: str
-    account_type: str
-    account_id: int
-    repositories: list[str]
-    created_at: float
+# A GitHub route: method, path pattern, the credentials it takes ("jwt", "token" or "any"),
+# and the section's function that answers it.
+Handler = Callable[["FakeState", Request], Response]
+Route = tuple[str, re.Pattern[str], str, Handler]
 
 
-@dataclass
-class _Repo:
-    id: int
-    owner: str
-    name: str
-    installation_id: int
-    created_at: float
-
-    @property
-    def full_name(self) -> str:
-        return f"{self.owner}/{self.name}"
-
-
-@dataclass
-class _Token:
-    token: str
-    installation_id: int
-    expires_at: float
-    repositories: set[str] | None  # lower-case full names when the token was narrowed
-    permissions: dict[str, str]
-    revoked: bool = False
-
-
-@dataclass
-class _Runner:
-    id: int
-    name: str
-    installation_id: int
-    scope: tuple[str, str]  # ("org", "acme") or ("repo", "acme/app"), lower-case
-    labels: list[dict[str, Any]]
-    secret: str
-    ephemeral: bool = True
-    os: str = "unknown"
-    version: str | None = None
-    session: str | None = None
-    session_used: bool = False
-    polling: int = 0
-    last_seen: float | None = None
-    job_id: int | None = None
-    job_handed: bool = False
-    waiting_since: float = 0.0
-
-
-@dataclass
-class _Run:
-    id: int
-    repo: str
-    installation_id: int
-    name: str
-    run_number: int
-    head_sha: str
-    created_at: float
-    job_ids: list[int] = field(default_factory=list)
-    updated_at: float = 0.0
-
-
-@dataclass
-class _Job:
-    id: int
-    run_id: int
-    repo: str
-    installation_id: int
-    name: str
-    labels: list[str]
-    duration: float
-    wanted_conclusion: str
-    created_at: float
-    status: str = "queued"
-    conclusion: str | None = None
-    started_at: float | None = None
-    completed_at: float | None = None
-    runner_id: int | None = None
-    runner_name: str | None = None
-
-
-@dataclass
-class _Limit:
-    until: float | None
-    retry_after: int | None
-
-
-@dataclass
-class _Quota:
-    limit: int
-    reset: float
-    used: int = 0
-
-
-@dataclass(order=True)
-class _Outgoing:
-    due: float
-    seq: int
-    delivery_id: str = field(compare=False)
-    job_id: int = field(compare=False)
-    action: str = field(compare=False)
-    url: str = field(compare=False)
-    body: bytes = field(compare=False)
-    headers: dict[str, str] = field(compare=False)
-    lag: float = field(default=0.0, compare=False)  # extra seconds after the others it goes with
-    redelivery: bool = field(default=False, compare=False)  # asked for by .../attempts
-
-
-class _Server(ThreadingHTTPServer):
+class Server(ThreadingHTTPServer):
     """ThreadingHTTPServer with daemon threads and Nagle off on every accepted socket."""
 
     daemon_threads = True
@@ -238,7 +136,8 @@ class _Server(ThreadingHTTPServer):
     # socketserver's default backlog of 5 overflows in a burst, and the kernel then drops a
     # connect that the client retries a second later: a fake must not add latency.
     request_queue_size = 128
-    fake: FakeGitHub
+    # (method, path with query, headers, body) -> the answer; FakeGitHub sets it.
+    dispatch: Callable[[str, str, Any, bytes], Response]
 
     def get_request(self) -> tuple[socket.socket, Any]:
         sock, addr = super().get_request()
@@ -247,17 +146,17 @@ class _Server(ThreadingHTTPServer):
         return sock, addr
 
 
-class _Handler(BaseHTTPRequestHandler):
+class RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "GitHub.com"
     sys_version = ""
     timeout = 120  # idle keep-alive connections should not pin a thread for ever
-    server: _Server
+    server: Server
 
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        response = self.server.fake._dispatch(self.command, self.path, self.headers, raw)
+        response = self.server.dispatch(self.command, self.path, self.headers, raw)
         payload = b""
         if response.body is not None:
             payload = json.dumps(response.body, separators=(",", ":")).encode()
@@ -277,16 +176,14 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-_Route = tuple[str, re.Pattern[str], str, Callable[..., _Response]]
-
-_ALNUM = string.ascii_letters + string.digits
+ALNUM = string.ascii_letters + string.digits
 
 
-def _b64(data: bytes) -> str:
+def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _positive_int(value: str | None, default: int) -> int:
+def positive_int(value: str | None, default: int) -> int:
     try:
         number = int(value) if value is not None else default
     except ValueError:
@@ -294,8 +191,8 @@ def _positive_int(value: str | None, default: int) -> int:
     return number if number >= 1 else default
 
 
-def _object(req: _Request) -> dict[str, Any]:
+def json_object(req: Request) -> dict[str, Any]:
     body = req.json()
     if not isinstance(body, dict):
-        raise _Error(422, "the body must be a JSON object")
+        raise HttpError(422, "the body must be a JSON object")
     return body

@@ -41,6 +41,8 @@ EXIT_RETRYABLE = 2
 
 # How long to keep trying an unreachable server before giving up with EXIT_RETRYABLE.
 UNREACHABLE_GIVE_UP = 15.0
+# The waits between session tries while GitHub answers a server error (doubling).
+SESSION_RETRY_FIRST, SESSION_RETRY_MAX = 0.2, 5.0
 
 
 class ConfigError(Exception):
@@ -165,17 +167,26 @@ class FakeRunner:
 
     def _run(self) -> int:
         self.log(f"runner id {self.config.runner_id} at {self.config.server_url}")
-        status, body = self._call_retrying(
-            "POST",
-            "/_runner/sessions",
-            {
-                "runner_id": self.config.runner_id,
-                "secret": self.config.secret,
-                "os": _os_name(),
-                "arch": _arch_name(),
-                "version": VERSION,
-            },
-        )
+        hello = {
+            "runner_id": self.config.runner_id,
+            "secret": self.config.secret,
+            "os": _os_name(),
+            "arch": _arch_name(),
+            "version": VERSION,
+        }
+        status, body = self._call_retrying("POST", "/_runner/sessions", hello)
+        delay = SESSION_RETRY_FIRST
+        while status >= 500 and not self._stop.is_set():
+            # A server error is retried for as long as it lasts, as the listener does: the
+            # runner stays alive and its registration offline (the fake's held runners).
+            if delay == SESSION_RETRY_FIRST:
+                self.log(f"session answered {status}; retrying until GitHub can be reached")
+            self._stop.wait(delay)
+            delay = min(delay * 2, SESSION_RETRY_MAX)
+            status, body = self._call_retrying("POST", "/_runner/sessions", hello)
+        if self._stop.is_set() and status != 201:
+            self.log("stopped before GitHub could be reached")
+            return EXIT_SUCCESS
         if status != 201:
             raise Refused(f"session refused ({status}: {body.get('message', '')})")
         self._session = body["session"]

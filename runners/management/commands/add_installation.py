@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from runners.actions import pools as pool_actions
+from runners.actions import installations as installation_actions
 from runners.models import Installation
 
 
@@ -27,7 +27,7 @@ class Command(BaseCommand):
         # The API's writer and validation: an id past a bigint or a bad repository name is a
         # clear error, not a traceback, and the audit row is the same.
         try:
-            installation, _ = pool_actions.add_installation(
+            installation, _ = installation_actions.add_installation(
                 github_id=options["id"],
                 account=options["account"],
                 kind=options["kind"],

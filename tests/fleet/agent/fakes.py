@@ -2,7 +2,7 @@
 
 The fake is a stdlib ThreadingHTTPServer on 127.0.0.1: it records every call, hands out
 the tasks a test enqueues, and can be told to refuse, fail or revoke. It reads every
-request and writes every answer through fleet/protocol.py, the schema the real controller
+request and writes every answer through fleet/protocol/, the schema the real controller
 and the agent share, so a request the real controller would refuse is a 400 here too.
 """
 
@@ -12,8 +12,7 @@ import contextlib
 import dataclasses
 import ssl
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -57,6 +56,9 @@ class FakeController:
     # The other timings the controller's answers carry (agent.* settings).
     tunables: protocol.AgentTunables = field(default_factory=protocol.AgentTunables)
     cordoned: bool = False
+    cpu_factor: float = 1.0  # HOST-20: what each heartbeat answer carries
+    memory: protocol.MemoryRules | None = None  # HOST-24: likewise
+    heartbeats: list[protocol.HeartbeatRequest] = field(default_factory=list)  # as read
     refused_runner_ids: set[int] = field(default_factory=set)
     reports_status: int = 200  # set to 503 to make the controller drop reports
     results_refused: int = 0  # the next this many result posts are answered 503 (busy)
@@ -164,8 +166,11 @@ class FakeController:
         if self._host(headers) is None:
             return 401, {"error": "This agent token is not valid."}
         if (method, path) == ("POST", "/api/v1/agent/heartbeat"):
-            protocol.HeartbeatRequest.from_json(body)
-            beat = protocol.HeartbeatAnswer(cordoned=self.cordoned, tunables=self._tunables())
+            self.heartbeats.append(protocol.HeartbeatRequest.from_json(body))
+            beat = protocol.HeartbeatAnswer(
+                cordoned=self.cordoned, tunables=self._tunables(), cpu_factor=self.cpu_factor,
+                memory=self.memory,
+            )  # fmt: skip
             return 200, beat.to_json()
         if (method, path) == ("GET", "/api/v1/agent/tasks"):
             wait = protocol.parse_wait(query.get("wait", [""])[0], 25.0)
@@ -180,7 +185,9 @@ class FakeController:
             wire = protocol.TaskList(
                 tasks=tuple(
                     protocol.Task(t.id, t.kind, t.attempt, t.runner_id, t.payload) for t in taken
-                )
+                ),
+                # As the controller does: the cordon as of the take, with tasks only.
+                cordoned=self.cordoned if taken else None,
             )
             return 200, wire.to_json()
         if method == "POST" and path.startswith("/api/v1/agent/tasks/"):
@@ -299,15 +306,3 @@ class FakeClock:
     def advance(self, seconds: float) -> float:
         self.now += seconds
         return self.now
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02) -> Any:
-    """Poll with a deadline instead of sleeping for a guessed time."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not true within {timeout} s: {predicate}")
-        time.sleep(interval)

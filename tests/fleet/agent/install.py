@@ -5,7 +5,8 @@ else, so neither Django nor any other controller dependency can be imported ther
 Offline: the wheel is built from this checkout without build isolation, and the
 dependencies are the test environment's own installed distributions, each linked into one
 directory the virtualenv reads through a `.pth` file. Only the distributions the agent's
-requirements name, and what they in turn require, are linked.
+requirements name, and what they in turn require, are linked. The controller's wheel test
+(tests/zoomies_site/test_install.py) installs the same way with the controller's list.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[3]
 AGENT_REQUIREMENTS = ROOT / "fleet" / "agent" / "requirements.txt"
 PACKAGES = ("accounts", "capacity", "fleet", "runners", "zoomies_site")
+DATA_FILES = ("templates", "static")  # pyproject.toml's data-files
 
 
 def requirement_lines(path: Path) -> list[str]:
@@ -34,20 +36,22 @@ def requirement_lines(path: Path) -> list[str]:
 
 def dependency_closure(requirements: list[str]) -> dict[str, metadata.Distribution]:
     """Every installed distribution `requirements` need, by normalised name (markers of this
-    interpreter; no extras)."""
+    interpreter, with the extras asked for: `psycopg[binary]` brings psycopg-binary)."""
     found: dict[str, metadata.Distribution] = {}
-    todo = [Requirement(r) for r in requirements]
-    environment = {**default_environment(), "extra": ""}
+    seen: set[tuple[str, str]] = set()
+    todo = [(Requirement(r), "") for r in requirements]  # each with the extra that asked for it
     while todo:
-        requirement = todo.pop()
+        requirement, extra = todo.pop()
+        environment = {**default_environment(), "extra": extra}
         if requirement.marker is not None and not requirement.marker.evaluate(environment):
             continue
         name = re.sub(r"[-_.]+", "-", requirement.name).lower()
-        if name in found:
-            continue
-        dist = metadata.distribution(requirement.name)
-        found[name] = dist
-        todo.extend(Requirement(r) for r in dist.requires or [])
+        for wanted in ("", *sorted(requirement.extras)):
+            if (name, wanted) in seen:
+                continue
+            seen.add((name, wanted))
+            dist = found.setdefault(name, metadata.distribution(requirement.name))
+            todo.extend((Requirement(r), wanted) for r in dist.requires or [])
     return found
 
 
@@ -62,6 +66,54 @@ def _top_level(dist: metadata.Distribution) -> set[Path]:
     return tops
 
 
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+RUN = {"check": True, "capture_output": True, "text": True, "timeout": 300}
+
+
+def build_wheel(dest: Path) -> Path:
+    """The project's wheel, built from a copy of what it ships (no tests, no .venv)."""
+    src, dist_dir = dest / "src", dest / "dist"
+    src.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for package in (*PACKAGES, *DATA_FILES):
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(
+        [*PIP, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", dist_dir, src],
+        **RUN,
+    )
+    (wheel,) = dist_dir.glob("zoomies-*.whl")
+    return wheel
+
+
+@dataclass
+class WheelInstall:
+    venv: Path
+    python: Path
+    distributions: list[str]  # what the requirements brought, by name
+
+
+def install_wheel(dest: Path, wheel: Path, requirements: list[str]) -> WheelInstall:
+    """`wheel` in a fresh virtualenv under `dest`, beside the installed distributions that
+    `requirements` need, and nothing else."""
+    deps, venv = dest / "deps", dest / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], **RUN)
+    python = venv / "bin" / "python"
+    subprocess.run([*PIP, "--python", python, "install", "--no-deps", "--no-index", wheel], **RUN)
+    closure = dependency_closure(requirements)
+    deps.mkdir()
+    for dist in closure.values():
+        for top in _top_level(dist):
+            link = deps / top.name
+            if not link.exists():
+                os.symlink(top, link)
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], **RUN
+    ).stdout.strip()
+    Path(purelib, "zoomies-deps.pth").write_text(f"{deps}\n")
+    return WheelInstall(venv, python, sorted(closure))
+
+
 @dataclass
 class AgentInstall:
     venv: Path
@@ -71,31 +123,8 @@ class AgentInstall:
 
 
 def install_agent_only(dest: Path) -> AgentInstall:
-    src, dist_dir, deps, venv = dest / "src", dest / "dist", dest / "deps", dest / "venv"
-    src.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, src / name)
-    for package in PACKAGES:
-        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    run = {"check": True, "capture_output": True, "text": True, "timeout": 300}
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", dist_dir, src],
-        **run,
+    wheel = build_wheel(dest)
+    done = install_wheel(dest, wheel, requirement_lines(AGENT_REQUIREMENTS))
+    return AgentInstall(
+        done.venv, done.python, done.venv / "bin" / "zoomies-agent", done.distributions
     )
-    (wheel,) = dist_dir.glob("zoomies-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], **run)
-    python = venv / "bin" / "python"
-    subprocess.run([*pip, "--python", python, "install", "--no-deps", "--no-index", wheel], **run)
-    closure = dependency_closure(requirement_lines(AGENT_REQUIREMENTS))
-    deps.mkdir()
-    for dist in closure.values():
-        for top in _top_level(dist):
-            link = deps / top.name
-            if not link.exists():
-                os.symlink(top, link)
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], **run
-    ).stdout.strip()
-    Path(purelib, "zoomies-agent-deps.pth").write_text(f"{deps}\n")
-    return AgentInstall(venv, python, venv / "bin" / "zoomies-agent", sorted(closure))

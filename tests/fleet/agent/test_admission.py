@@ -15,7 +15,8 @@ from fleet.agent.backends.base import (
     WorkloadExists,
     WorkloadStatus,
 )
-from tests.fleet.agent.fakes import FakeClock, wait_until
+from tests.fleet.agent.fakes import FakeClock
+from tests.waiting import wait_until
 
 
 class GatedBackend(Backend):
@@ -260,6 +261,27 @@ def test_agent08_a_cordon_is_checked_when_a_create_reaches_the_front(make_agent,
     assert backend.started == []
 
 
+def test_issue21_item6_an_uncordon_reaches_the_agent_with_the_next_create(make_agent, controller):
+    """Issue 21 item 6: the agent heard "cordoned" at its last heartbeat; the host is
+    uncordoned and a create placed on it before the next heartbeat. The task list carries
+    the cordon as of the take, so the create starts rather than failing "the host is
+    cordoned" (three such failures opened the pool's start backoff)."""
+    backend = GatedBackend()
+    agent = make_agent(backend)
+    agent.connect()
+    controller.cordoned = True
+    agent.heartbeat_once()
+    assert agent.cordoned
+    controller.cordoned = False  # uncordoned; no heartbeat since
+    task_id = controller.enqueue_create(1, CMD)
+    backend.gate(1).set()
+    agent.poll_once(wait=0)
+
+    assert controller.result_of(task_id) == {"ok": True, "error": None, "attempt": 1}
+    assert backend.started == [1]
+    assert not agent.cordoned
+
+
 def prewarm(controller, image: str) -> int:
     return controller.enqueue(
         "image_prewarm", None, {"backend": "process", "image": image, "pool": "zoomies-p"}
@@ -365,3 +387,28 @@ def test_agent11_agent12_a_redelivery_in_doubt_is_left_unacknowledged(
     agent.poll_once(wait=0)
     assert controller.result_of(after) == {"ok": True, "error": None, "attempt": 1}
     assert backend.started == [2]
+
+
+def test_issue21_item6_a_heartbeat_sent_before_a_task_list_does_not_undo_its_cordon(
+    make_agent, controller, clock
+):
+    """The heartbeat and the task poll run on threads of their own: a heartbeat sent while
+    the host was cordoned, answered after a task list that carried the uncordon, must not
+    put the old cordon back for the creates that list brought."""
+    backend = GatedBackend()
+    agent = make_agent(backend)
+    agent.connect()
+    controller.cordoned = True
+    agent.heartbeat_once()
+    controller.cordoned = False
+    controller.enqueue_create(1, CMD)
+    agent.poll_once(wait=0, block=False)  # the uncordon arrives with the create
+    controller.cordoned = True  # what the late heartbeat answer says, read before
+    agent.cordon_from_tasks_at = clock() + 1  # ... the list arrived after it was sent
+    agent.heartbeat_once()
+    assert agent.cordoned is False
+    clock.advance(5)
+    agent.heartbeat_once()  # a heartbeat sent after the list: its word counts again
+    assert agent.cordoned is True
+    backend.gate(1).set()
+    agent.wait_for_tasks(10)

@@ -8,7 +8,7 @@ import threading
 from fleet.agent import tasks
 from fleet.agent.backends.base import RunnerSpec, WorkloadStatus
 from fleet.agent.backends.process import ProcessBackend
-from tests.fleet.agent.fakes import wait_until
+from tests.waiting import wait_until
 
 PY = sys.executable
 SHORT = [PY, "-c", "print('hi'); import time; time.sleep(0.3)"]

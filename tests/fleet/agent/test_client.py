@@ -29,7 +29,7 @@ def test_the_long_poll_waits_wait_plus_ten_seconds_for_its_answer(client, contro
     client._http.event_hooks["request"].append(
         lambda request: seen.append((request.url.params["wait"], request.extensions["timeout"]))
     )
-    assert client.poll_tasks(wait=0) == []
+    assert client.poll_tasks(wait=0).tasks == ()
     controller.enqueue("remove_runner", 1)  # so the long wait is not waited out
     client.poll_tasks(wait=99)  # the protocol caps a wait at 30 s
     assert seen[0] == ("0", {"connect": 10.0, "read": 10.0, "write": 10.0, "pool": 10.0})
@@ -38,7 +38,7 @@ def test_the_long_poll_waits_wait_plus_ten_seconds_for_its_answer(client, contro
 
 def test_tasks_come_back_typed(client, controller):
     task_id = controller.enqueue("stop_runner", 5, {"timeout": 300}, attempt=2)
-    (task,) = client.poll_tasks(wait=0)
+    (task,) = client.poll_tasks(wait=0).tasks
     assert (task.id, task.kind, task.attempt, task.runner_id) == (task_id, "stop_runner", 2, 5)
     assert task.payload == {"runner_id": 5, "timeout": 300}
     assert client.post_result(task_id, ok=True, error=None, attempt=2) is True

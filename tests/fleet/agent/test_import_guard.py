@@ -54,11 +54,14 @@ def test_arch05_the_agent_imports_no_django_and_no_other_app():
     assert bad == {}
 
 
-def test_arch05_the_protocol_module_imports_nothing_of_the_controller():
-    """fleet/protocol.py ships with the agent: only the standard library."""
-    path = AGENT_DIR.parent / "protocol.py"
-    names = imported_modules(path)
-    assert names and not [n for n in names if n.split(".")[0] in (*FORBIDDEN, "fleet", "httpx")]
+def test_arch05_the_protocol_package_imports_nothing_of_the_controller():
+    """fleet/protocol/ ships with the agent: the standard library and its own modules."""
+    modules = sorted((AGENT_DIR.parent / "protocol").glob("*.py"))
+    assert len(modules) >= 5
+    for path in modules:
+        names = [n for n in imported_modules(path) if not n.startswith("fleet.protocol")]
+        assert names, path
+        assert not [n for n in names if n.split(".")[0] in (*FORBIDDEN, "fleet", "httpx")], path
 
 
 def test_arch05_the_guard_would_notice():

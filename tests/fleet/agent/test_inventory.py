@@ -8,8 +8,8 @@ import threading
 from fleet import protocol
 from fleet.agent.backends.base import BackendError, RunnerSpec
 from fleet.agent.backends.process import ProcessBackend
-from tests.fleet.agent.fakes import wait_until
 from tests.fleet.agent.test_agent import LONG, phases
+from tests.waiting import wait_until
 
 
 def test_agent23_run_sends_the_inventory_of_adopted_workloads_before_its_first_poll(

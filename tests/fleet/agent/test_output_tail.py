@@ -12,7 +12,7 @@ import sys
 from fleet import protocol
 from fleet.agent.backends.base import RunnerSpec, WorkloadStatus
 from fleet.agent.backends.process import OUTPUT_TAIL_BYTES, ProcessBackend, read_tail
-from tests.fleet.agent.fakes import wait_until
+from tests.waiting import wait_until
 
 PY = sys.executable
 # 200,000 bytes of numbered lines, then a last line that says why it failed, exit 3.

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from fleet.agent.backends.base import BackendError, RunnerSpec, WorkloadExists, WorkloadStatus
 from fleet.agent.backends.process import KILL_WAIT, ProcessBackend, process_identity
 from fleet.agent.host import cgroup_limits, local_size, platform_name, work_dir_space
-from tests.fleet.agent.fakes import wait_until
+from tests.waiting import wait_until
 
 PY = sys.executable
 
@@ -300,3 +301,33 @@ def test_run11_after_the_grace_stop_sends_sigterm_then_sigkill_after_the_timeout
         ("wait", KILL_WAIT, True),
     ]
     assert backend.inspect(42).exit_code == 128 + signal.SIGKILL
+
+
+def test_a_pools_python_variables_reach_the_runner_but_cannot_break_its_supervisor(tmp_path):
+    """Issue 21 item 13: a pool's env is the runner's alone. `PYTHONHOME=/nonexistent` meant
+    for the job used to reach the supervisor too, which could not start, and the runner's
+    exit code was lost. Now the supervisor starts in the allow-listed basics under
+    `python -I`, the runner sees the pool's values, and its exit code is recorded."""
+    backend = ProcessBackend(tmp_path / "work", base_env={"PATH": os.environ["PATH"]})
+    shell = (
+        'echo "home=$PYTHONHOME path=$PYTHONPATH jit=$JIT"; '
+        'test "$PYTHONHOME" = /nonexistent && exit 3'
+    )
+    backend.create(
+        RunnerSpec(
+            runner_id=40,
+            runner_name="r-40",
+            pool="p",
+            backend="process",
+            command=["sh", "-c", shell],
+            env={"PYTHONHOME": "/nonexistent", "PYTHONPATH": "/nowhere", "JIT": "jit-40"},
+        )
+    )
+    deadline = time.monotonic() + 30
+    while (workload := backend.inspect(40)).status != WorkloadStatus.EXITED:
+        assert time.monotonic() < deadline, "the runner never ended"
+        time.sleep(0.05)
+    assert workload.exit_code == 3  # the runner's own code, recorded by its supervisor
+    output = (backend.run_dir(40) / "output.log").read_text()
+    assert "home=/nonexistent path=/nowhere jit=jit-40" in output
+    assert "jit-40" not in "".join(p.read_text() for p in backend.run_dir(40).glob("*.json"))

@@ -29,6 +29,7 @@ import pytest
 from fleet.agent.backends.container import MANAGED_LABEL, ContainerBackend
 from fleet.agent.backends.docker import DockerBackend
 from fleet.agent.backends.podman import PodmanBackend
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "docker" / "test-image" / "build.py"
@@ -299,12 +300,8 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll a condition a real engine reaches on its own time (a container exiting)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    """tests/waiting.py's wait, at an engine's pace (a container exiting)."""
+    wait_until(predicate, timeout, what, every=0.05)
 
 
 __all__ = ["MANAGED_LABEL", "Engine", "wait_for"]

@@ -33,7 +33,7 @@ from fleet.agent.backends.container import (
 )
 from fleet.agent.backends.resources import MB, MIN_RESERVE_CPU_FRACTION, MIN_RESERVE_CPUS
 from runners.github.fake import FakeGitHub
-from tests.fleet.backends.conftest import Engine, wait_for
+from tests.fleet.backends.conftest import ROOT, Engine, wait_for
 from tests.runners.github.conftest import GitHubClient
 
 # Exits 0 on SIGTERM like the runner does; busybox sh checks its traps between sleeps.
@@ -379,7 +379,33 @@ SILENT_DAEMON = ["sh", "-c", "printf '#!/bin/sh\\nexit 1\\n' > /usr/local/bin/do
                  "chmod +x /usr/local/bin/docker && while :; do sleep 1; done"]  # fmt: skip
 
 
-def test_back18_a_dind_runner_gets_its_own_daemon_reachable_only_through_their_volume(
+def test_host20_a_cpu_factor_scales_the_given_cpus_idempotently_and_restores_them(
+    engine: Engine,
+):
+    """HOST-20: the throttle's factor takes the container to factor x what it was given
+    (its label), at once and without a restart; the same factor again changes nothing; a
+    factor of 1 gives back exactly the figure it was given."""
+    backend = engine.backend()
+    backend.create(spec(engine, 41, command=IDLE, cpus=1.0, memory_mb=64))
+    started = attrs(engine, 41)["State"]["StartedAt"]
+    if engine.kind == "podman":
+        # Not applied on Podman (PodmanBackend.apply_cpu_factor says why): nothing changes.
+        assert backend.apply_cpu_factor(41, 0.5) == 0
+        assert _engine_cpus(attrs(engine, 41)) == pytest.approx(1.0)
+        backend.remove(41)
+        return
+    assert backend.apply_cpu_factor(41, 0.5) == 1
+    assert _engine_cpus(attrs(engine, 41)) == pytest.approx(0.5)
+    assert backend.apply_cpu_factor(41, 0.5) == 0  # already there: not touched
+    assert backend.apply_cpu_factor(41, 0.25) == 0  # never below half: already there
+    assert backend.apply_cpu_factor(41, 1.0) == 1
+    seen = attrs(engine, 41)
+    assert _engine_cpus(seen) == pytest.approx(1.0)
+    assert seen["State"]["Running"] and seen["State"]["StartedAt"] == started
+    backend.remove(41)
+
+
+def test_back08_back18_host23_a_dind_runner_gets_its_own_daemon_reachable_only_through_their_volume(
     engine: Engine,
 ):
     """BACK-18: a dind pool's runner is created only after its sidecar answers `docker
@@ -403,6 +429,14 @@ def test_back18_a_dind_runner_gets_its_own_daemon_reachable_only_through_their_v
     for container in (runner, sidecar):
         assert container["HostConfig"]["NanoCpus"] == 250_000_000
         assert container["HostConfig"]["Memory"] == 48 * MB
+    # HOST-23: the sidecar keeps its half as its throttle base: halved, then given back
+    # (Docker; Podman does not apply the factor, see the test above).
+    assert sidecar["Config"]["Labels"][CPUS_LABEL] == "0.25"
+    if engine.kind == "docker":
+        backend.apply_cpu_factor(21, 0.5)
+        assert _engine_cpus(api.inspect_container(sidecar_name(21))) == pytest.approx(0.125)
+        backend.apply_cpu_factor(21, 1.0)
+        assert _engine_cpus(api.inspect_container(sidecar_name(21))) == pytest.approx(0.25)
     socket = f"unix://{DIND_SOCKET_DIR}/docker.sock"
     assert f"DOCKER_HOST={socket}" in runner["Config"]["Env"]
     holders = sorted(
@@ -438,3 +472,28 @@ def test_back18_a_sidecar_that_never_answers_means_no_runner_and_nothing_left(en
     no_image = engine.backend()
     with pytest.raises(BackendError, match="no dind image"):
         no_image.create(spec(engine, 23, command=IDLE, dind=True))
+
+
+def test_sec03_a_runner_container_by_default_reaches_no_engine_and_gains_no_root(engine: Engine):
+    """SEC-03 on each engine: the runner's container is not privileged, adds no capability,
+    mounts no engine socket, and cannot gain privileges through a setuid binary."""
+    backend = engine.backend()
+    backend.create(spec(engine, 43, command=IDLE))
+    try:
+        host = attrs(engine, 43)["HostConfig"]
+        assert not host.get("Privileged")
+        assert not host.get("CapAdd")
+        assert not [b for b in host.get("Binds") or [] if "sock" in b]
+        assert any(o.startswith("no-new-privileges") for o in host.get("SecurityOpt") or [])
+    finally:
+        backend.remove(43)
+
+
+def test_sec03_the_stock_runner_image_runs_as_a_user_that_is_not_root():
+    """The image the catalogue names: its last USER is the runner's own account."""
+    users = [
+        line.split()[1]
+        for line in (ROOT / "docker" / "runner" / "Dockerfile").read_text().splitlines()
+        if line.startswith("USER ")
+    ]
+    assert users and users[-1] not in ("root", "0")

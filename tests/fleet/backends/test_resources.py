@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from fleet.agent.backends.resources import (
     floor_hundredth,
     slot_share,
 )
+from tests.purity import impurities
 
 
 @pytest.mark.parametrize(
@@ -108,11 +108,4 @@ def test_back04_nano_cpus_are_exact_to_the_hundredth():
 
 def test_back07_the_share_module_is_pure_so_the_scheduler_can_use_it():
     """Only math and dataclasses: the scheduler's purity guard (SCHED-01) would accept it."""
-    tree = ast.parse(Path(resources.__file__).read_text())
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            imported.add(node.module or "")
-    assert imported <= {"__future__", "math", "dataclasses"}
+    assert impurities(Path(resources.__file__), {"__future__", "math", "dataclasses"}) == []

@@ -15,13 +15,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from accounts import sealing
 from runners.github import config
 from runners.github.errors import GitHubError
 from runners.github.fake import FakeGitHub
 from zoomies_site.actions import set_setting
-from zoomies_site.core import registry
-from zoomies_site.models import SettingValue
+from zoomies_site.core import registry, sealing
+from zoomies_site.core.models import SettingValue
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,8 @@ import threading
 import time
 import uuid
 from socketserver import BaseRequestHandler
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -28,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from django.core.management.base import CommandError
 
 from runners.github.fake import FakeGitHub, cli
-from runners.github.fake.core import _Server
+from runners.github.fake.core import Server
 from runners.management.commands.fake_github import Command
 from tests.runners.github.conftest import (
     REPO_ROOT,
@@ -39,8 +40,8 @@ from tests.runners.github.conftest import (
     Recorded,
     SchemaBook,
     WebhookReceiver,
-    wait_until,
 )
+from tests.waiting import wait_until
 
 LABELS = ["self-hosted", "linux", "x64"]
 # One client for the runner protocol and /_fake calls: a new httpx client costs ~20 ms.
@@ -112,7 +113,7 @@ def test_fake01_it_serves_real_http_on_loopback_without_nagle_delays(gh: GitHubC
     headers = gh.app()
     for _ in range(3):
         assert gh.get("/app", headers=headers).status_code == 200
-    server = _Server(("127.0.0.1", 0), BaseRequestHandler)
+    server = Server(("127.0.0.1", 0), BaseRequestHandler)
     try:
         with socket.create_connection(server.server_address, timeout=30):
             accepted, _ = server.get_request()
@@ -1149,7 +1150,8 @@ def test_fake02_at_a_concurrency_deliveries_are_in_flight_that_many_at_once(
         hooked_github.queue_job(repo="acme/app", labels=LABELS)
         hooked_github.queue_job(repo="acme/app", labels=LABELS)
         webhook_receiver.wait_for(1)
-        time.sleep(0.3)  # a second sender would have sent the other meanwhile
+        # One in flight (unanswered) holds the other in the outbox: the fake's own counters.
+        hooked_github.wait_sending(in_flight=1, waiting=1)
         assert len(webhook_receiver.received) == 1 and not hooked_github.deliveries
         webhook_receiver.answering.set()
         webhook_receiver.wait_for(2)
@@ -1161,7 +1163,7 @@ def test_fake02_at_a_concurrency_deliveries_are_in_flight_that_many_at_once(
         for _ in range(5):
             hooked_github.queue_job(repo="acme/app", labels=LABELS)
         webhook_receiver.wait_for(5)
-        time.sleep(0.3)
+        hooked_github.wait_sending(in_flight=3, waiting=2)  # three slots, all taken
         assert len(webhook_receiver.received) == 5 and len(hooked_github.deliveries) == 2
     finally:
         webhook_receiver.answering.set()
@@ -1232,10 +1234,14 @@ def test_fake01_the_command_line_serves_until_sigterm(tmp_path: Any) -> None:
         first = proc.stdout.readline()
         url = re.search(r"(http://127\.0\.0\.1:\d+)", first).group(1)
         assert proc.stdout.readline().strip() == f"app id: {id_file.read_text().strip()}"
-        fake = FakeGitHub.__new__(FakeGitHub)  # only for the client's JWT helper
-        fake.url, fake.app_id = url, int(id_file.read_text())
-        fake.private_key_pem, fake.clock = key_file.read_text(), time.time
-        client = GitHubClient(fake)
+        # Only what the client's JWT helper reads: that fake runs in the other process.
+        identity = SimpleNamespace(
+            url=url,
+            app_id=int(id_file.read_text()),
+            private_key_pem=key_file.read_text(),
+            clock=time.time,
+        )
+        client = GitHubClient(cast(FakeGitHub, identity))
         listed = client.get("/app/installations", headers=client.app()).json()
         assert sorted(i["account"]["login"] for i in listed) == ["acme", "solo"]
         client.close()
@@ -1444,3 +1450,83 @@ def test_fake01_a_jit_runner_without_self_hosted_is_never_given_a_job_that_asks_
     go_online(gh.fake, full.json()["encoded_jit_config"])
     taken = gh.fake.wait_job(job, "in_progress")
     assert taken["runner_name"] == "zoomies-full"
+
+
+def test_fake_issue29_a_runner_held_offline_keeps_its_registration_offline_until_let_in(
+    gh: GitHubClient,
+) -> None:
+    """Issue 29 item 1: the fake can hold a runner away from GitHub, as a network that
+    cannot reach it would: its session is answered 503, its registration stays offline and
+    its JIT config unused, and once let in the same config opens its session."""
+    org, _ = org_and_user(gh.fake)
+    headers = gh.inst(org)
+    encoded = jit(gh, headers, "/orgs/acme", "zoomies-far").json()["encoded_jit_config"]
+    files = decode(encoded)
+    hello = {"runner_id": files[".runner"]["AgentId"],
+             "secret": files[".credentials"]["data"]["secret"], "os": "linux"}  # fmt: skip
+    held = HTTP.post(f"{gh.fake.url}/_fake/runners/offline", json={"names": ["zoomies-far"]})
+    assert held.json() == {"held": ["zoomies-far"]}
+    assert HTTP.post(f"{gh.fake.url}/_runner/sessions", json=hello).status_code == 503
+    listed = gh.get("/orgs/acme/actions/runners", headers=headers).json()["runners"]
+    assert [(r["name"], r["status"]) for r in listed] == [("zoomies-far", "offline")]
+    gh.fake.hold_runners_offline(False)
+    assert HTTP.post(f"{gh.fake.url}/_runner/sessions", json=hello).status_code == 201
+    listed = gh.get("/orgs/acme/actions/runners", headers=headers).json()["runners"]
+    assert [r["status"] for r in listed] == ["online"]
+
+
+def test_fake_issue29_uninstalling_sends_installation_deleted_and_refuses_its_tokens(
+    hooked_gh: GitHubClient, webhook_receiver: WebhookReceiver, github_schemas: SchemaBook
+) -> None:
+    """Issue 29 item 3: the App uninstalled from an account. GitHub sends a signed
+    `installation.deleted` (as its schema has it), refuses the installation's tokens and
+    mints none for it; the registrations stay, out of the App's reach."""
+    fake = hooked_gh.fake
+    inst = fake.add_installation("acme", "Organization", ["acme/app"])
+    headers = hooked_gh.inst(inst)
+    assert jit(hooked_gh, headers, "/orgs/acme", "zoomies-1").status_code == 201
+    answer = HTTP.post(f"{fake.url}/_fake/uninstall", json={"installation_id": inst})
+    assert answer.status_code == 200
+    (item,) = webhook_receiver.wait_for(1)
+    assert item.headers["x-github-event"] == "installation"
+    assert item.headers["x-github-delivery"] == answer.json()["delivery"]
+    expected = signature(WEBHOOK_SECRET, item.body, hashlib.sha256)
+    assert hmac.compare_digest(item.headers["x-hub-signature-256"], f"sha256={expected}")
+    payload = item.json()
+    schema = github_schemas.webhooks["installation-deleted"]["schema"]
+    github_schemas._validator("installation-deleted", schema).validate(payload)
+    assert (payload["action"], payload["installation"]["id"]) == ("deleted", inst)
+    assert hooked_gh.get("/orgs/acme/actions/runners", headers=headers).status_code == 401
+    token = hooked_gh.post(f"/app/installations/{inst}/access_tokens", headers=hooked_gh.app())
+    assert token.status_code == 404
+    assert [d["event"] for d in fake.wait_deliveries(1)] == ["installation"]
+
+
+def test_fake_issue29_removed_repositories_and_any_event_are_sent_signed_and_recorded(
+    hooked_gh: GitHubClient, webhook_receiver: WebhookReceiver, github_schemas: SchemaBook
+) -> None:
+    """Issue 29 items 2 and 3: `installation_repositories.removed` as its schema has it (the
+    repository is out of the installation's reach after it), and any delivery a test hands
+    the fake, such as a job naming an installation the receiver does not know, signed and
+    kept in the App's delivery log like every other."""
+    fake = hooked_gh.fake
+    inst = fake.add_installation("acme", "Organization", ["acme/app", "acme/lib"])
+    headers = hooked_gh.inst(inst)
+    fake.remove_repositories(inst, ["acme/lib"])
+    payload = webhook_receiver.wait_for(1)[0].json()
+    schema = github_schemas.webhooks["installation-repositories-removed"]["schema"]
+    github_schemas._validator("installation-repositories-removed", schema).validate(payload)
+    assert [r["full_name"] for r in payload["repositories_removed"]] == ["acme/lib"]
+    assert hooked_gh.get("/repos/acme/lib/actions/runners", headers=headers).status_code == 404
+    assert hooked_gh.get("/repos/acme/app/actions/runners", headers=headers).status_code == 200
+
+    foreign = {"action": "queued", "installation": {"id": 9999}, "workflow_job": {"id": 1}}
+    answer = HTTP.post(
+        f"{fake.url}/_fake/event", json={"event": "workflow_job", "payload": foreign}
+    )
+    second = webhook_receiver.wait_for(2)[1]
+    assert second.json() == foreign and second.headers["x-github-event"] == "workflow_job"
+    assert second.headers["x-github-delivery"] == answer.json()["delivery"]
+    fake.wait_deliveries(2)  # recorded once the receiver has answered
+    logged = [d for d in fake.hook_deliveries if d["guid"] == answer.json()["delivery"]]
+    assert [(d["event"], d["installation_id"]) for d in logged] == [("workflow_job", 9999)]

@@ -35,8 +35,8 @@ from tests.runners.github.conftest import (
     GitHubClient,
     SchemaBook,
     WebhookReceiver,
-    wait_until,
 )
+from tests.waiting import wait_until
 
 LABELS = ["self-hosted", "linux", "x64"]
 

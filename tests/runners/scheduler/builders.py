@@ -88,6 +88,7 @@ def runner(
     cpus: float | None = None,
     memory_mb: int | None = None,
     dind: bool = False,
+    came_online: bool = False,
 ) -> RunnerView:
     """A runner created `age` ago, in `state` for `in_state` (default: since creation)."""
     return RunnerView(
@@ -101,6 +102,7 @@ def runner(
         cpus=cpus,
         memory_mb=memory_mb,
         dind=dind,
+        came_online=came_online,
     )
 
 

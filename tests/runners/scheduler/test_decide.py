@@ -390,7 +390,10 @@ def test_sched21_the_default_idle_timeout_applies_to_pools_without_one() -> None
         d.runner_id
         for d in decide(snapshot((pool(),), (host(),), runners=rows, settings=settings)).drains
     ] == [1]
-    assert decide(snapshot((pool(),), (host(),), runners=rows)).drains == ()
+    # No default idle timeout: the idle timeout drains nothing (the surplus rule, issue 21
+    # item 18, is off here to judge the idle timeout alone).
+    alone = SchedulerSettings(surplus_idle_timeout=None)
+    assert decide(snapshot((pool(),), (host(),), runners=rows, settings=alone)).drains == ()
 
 
 def test_sched21_a_drained_warm_runner_is_replaced() -> None:
@@ -451,6 +454,22 @@ def test_sched22_the_backoff_is_per_pool() -> None:
     )
     assert [c.pool_id for c in plan.creates] == [2]
     assert [w.pool_id for w in plan.waits] == [1]
+
+
+def test_sched22_a_runner_that_came_online_and_then_failed_is_no_failed_start() -> None:
+    """Four busy runners failed when their host joined again (the kill drill): counted as
+    failed starts, they held the pool's every start for 80 s on a fleet that was fine."""
+    gone = tuple(
+        runner(state="failed", finished_ago=timedelta(seconds=1), came_online=True)
+        for _ in range(4)
+    )
+    plan = decide(snapshot((pool(),), (host(),), runners=gone, queued=jobs(2)))
+    assert plan.waits == () and len(plan.creates) == 2
+    # One that never came online among them is a failed start, and alone it waits 10 s.
+    never = runner(state="failed", finished_ago=timedelta(seconds=1))
+    plan = decide(snapshot((pool(),), (host(),), runners=(*gone, never), queued=jobs(2)))
+    assert plan.creates == () and [w.until for w in plan.waits] == [NOW + timedelta(seconds=9)]
+    assert "1 failed start " in plan.waits[0].reason
 
 
 # SCHED-23/24/25: pause, cap, warm.
@@ -571,3 +590,27 @@ def test_sched28_deciding_again_after_applying_plans_no_creates() -> None:
     second = decide(apply_plan(snap, first))
     assert second.creates == ()
     assert second.fails == () and second.drains == ()
+
+
+def test_issue21_item18_a_surplus_idle_runner_is_drained_by_default_and_warm_ones_stay():
+    """Runners created for jobs GitHub had already finished stayed idle for good with the
+    default idle timeout (never): beyond the pool's warm count and its queued jobs, an idle
+    runner is drained after scheduler.surplus_idle_timeout, the longest idle first."""
+    p = pool(warm=1)
+    idle = [
+        runner(1, in_state=timedelta(minutes=30)),
+        runner(2, in_state=timedelta(minutes=20)),
+        runner(3, in_state=timedelta(minutes=5)),
+    ]
+    plan = decide(snapshot(pools=[p], hosts=[host()], runners=idle))
+    # Three idle, one warm wanted: the two longest idle are surplus, both past 10 min.
+    assert [d.runner_id for d in plan.drains] == [1, 2]
+    assert "scheduler.surplus_idle_timeout" in plan.drains[0].reason
+    # A queued job stands for one more idle runner: one fewer is surplus.
+    plan = decide(snapshot(pools=[p], hosts=[host()], runners=idle, queued=jobs(1)))
+    assert [d.runner_id for d in plan.drains] == [1]
+    # Off when set to None; and a busy runner is never touched (SCHED-20).
+    off = SchedulerSettings(surplus_idle_timeout=None)
+    assert decide(snapshot(pools=[p], hosts=[host()], runners=idle, settings=off)).drains == ()
+    busy = [runner(4, state="busy", in_state=timedelta(hours=2))]
+    assert decide(snapshot(pools=[pool()], hosts=[host()], runners=busy)).drains == ()

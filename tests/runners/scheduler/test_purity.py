@@ -7,12 +7,13 @@ a guard that silently stopped finding anything would fail too.
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.purity import impurities_in
 
 ROOT = Path(__file__).resolve().parents[3]
 SCHEDULER_DIR = ROOT / "runners" / "scheduler"
@@ -42,58 +43,11 @@ PURE_STDLIB = frozenset(
 )
 # What the scheduler may import of ours: itself, and the pure naming module.
 OURS_ALLOWED = frozenset({"runners.naming"})
-CLOCK_ATTRS = frozenset(
-    {
-        "now",
-        "utcnow",
-        "today",
-        "monotonic",
-        "monotonic_ns",
-        "perf_counter",
-        "perf_counter_ns",
-        "time_ns",
-        "process_time",
-    }
-)
-CLOCK_NAMES = CLOCK_ATTRS | {"__import__"}
-
-
-def _allowed(module: str, own_package: str | None) -> bool:
-    if module in PURE_STDLIB or module in OURS_ALLOWED:
-        return True
-    return own_package is not None and (
-        module == own_package or module.startswith(own_package + ".")
-    )
 
 
 def violations(source: str, filename: str, own_package: str | None) -> list[str]:
-    """Every forbidden import or clock call in `source`, as "file:line: what"."""
-    found = []
-    for node in ast.walk(ast.parse(source, filename)):
-        where = f"{filename}:{getattr(node, 'lineno', '?')}"
-        if isinstance(node, ast.Import):
-            found += [
-                f"{where}: import {alias.name}"
-                for alias in node.names
-                if not _allowed(alias.name, own_package)
-            ]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                # A relative import stays inside the package only from its top level.
-                if own_package is None or node.level > 1:
-                    found.append(f"{where}: relative import level {node.level}")
-            elif not _allowed(node.module or "", own_package):
-                found.append(f"{where}: from {node.module} import ...")
-        elif isinstance(node, ast.Call):
-            func = node.func
-            if isinstance(func, ast.Attribute) and (
-                func.attr in CLOCK_ATTRS
-                or (func.attr == "time" and isinstance(func.value, ast.Name))
-            ):
-                found.append(f"{where}: clock call .{func.attr}()")
-            elif isinstance(func, ast.Name) and func.id in CLOCK_NAMES:
-                found.append(f"{where}: call {func.id}()")
-    return found
+    """Every forbidden import or clock call in `source`, as "file: what" (tests/purity.py)."""
+    return impurities_in(source, filename, PURE_STDLIB | OURS_ALLOWED, own_package=own_package)
 
 
 def _modules() -> list[tuple[Path, str | None]]:

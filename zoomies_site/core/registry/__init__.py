@@ -15,7 +15,7 @@ entry's own variable. A list in a variable is comma separated, or a JSON array w
 needs a comma.
 
 A secret entry's database value is sealed (AUTH-07): its row holds ``{"sealed": "v1:..."}``,
-the JSON sealed with AES-256-GCM by `accounts.sealing`, and is opened when the layer is read.
+the JSON sealed with AES-256-GCM by `core.sealing`, and is opened when the layer is read.
 A row that cannot be opened (another key, altered) is an error finding, not a crash.
 
 A value that does not parse or is out of range never crashes anything: the layer below it stays

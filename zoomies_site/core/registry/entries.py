@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from zoomies_site.core.registry.types import (
     BOOL,
+    CHOICE,
     DURATION,
     FLOAT,
     INT,
@@ -40,6 +41,11 @@ _ENTRIES: tuple[Setting | Derived, ...] = (
     Setting("server.bind", STR, "127.0.0.1:8080",
             "The address and port the controller listens on, loopback only by default.",
             validator=_valid_bind),
+    # ESC-09: where other machines reach this controller (scale-up events, the Hosts page's
+    # join line); the bind is often loopback behind a proxy, which no machine can dial.
+    Setting("server.public_url", STR, "",
+            "The URL other machines reach this controller at, such as https://zoomies.example.",
+            validator=lambda v: _valid_url(v) if v else None),
     Setting("server.tls_cert", STR, "",
             "Path to the PEM certificate chain the controller serves HTTPS with, empty for HTTP."),
     Setting("server.tls_key", STR, "",
@@ -123,6 +129,8 @@ _ENTRIES: tuple[Setting | Derived, ...] = (
          "How long an idle runner may live before it is retired, where 0s means no limit."),
     _dur("scheduler.idle_timeout", "0s",
          "How long a runner may sit idle before it is drained, where 0s means never."),
+    _dur("scheduler.surplus_idle_timeout", "10m",
+         "How long an idle runner beyond its pool's warm and queued need may stay, 0s: ever."),
     _dur("scheduler.unlinked_exit_grace", "1m",
          "How long a runner that ended with no job heard of still stands for the job it ran.",
          lo="0s", hi="10m"),
@@ -134,6 +142,12 @@ _ENTRIES: tuple[Setting | Derived, ...] = (
          lo="1s"),
     _dur("scheduler.max_start_backoff", "5m",
          "The longest a pool waits before creating again after failed runners.", lo="1s"),
+    # HOST-14..17: a host's throttle, moved by fleet.throttling from its usage samples.
+    Setting("scheduler.host_throttling", BOOL, True,
+            "Whether a host whose samples show it short or overwhelmed is held and throttled."),
+    Setting("agent.memory_valve", CHOICE, "on",
+            "Whether agents raise a runner's memory limit before it runs out, or only observe.",
+            choices=("on", "observe", "off")),
     _dur("scheduler.reconcile_interval", "5s",
          "How often the reconcile loop runs when nothing wakes it sooner.", lo="1s", hi="5m"),
     # The silence ladder (HOST-02, HOST-05): interval <= heartbeat_timeout / 2 and
@@ -156,6 +170,9 @@ _ENTRIES: tuple[Setting | Derived, ...] = (
          lo="0s"),
     _dur("agent.missing_grace", "1m",
          "How long a newly created runner may be absent from the backend before it counts gone."),
+    _dur("agent.bootstrap_cpu_grace", "2m",
+         "How long a new runner keeps its full CPU quota before its host's throttle applies.",
+         hi="10m"),
     _dur("agent.shutdown_grace", "30s",
          "How long a stopping agent waits for the tasks already in flight."),
     _dur("agent.long_poll_wait", "25s",
@@ -183,6 +200,10 @@ _ENTRIES: tuple[Setting | Derived, ...] = (
             _half("scheduler.provision_timeout"), ("scheduler.provision_timeout",)),
     _dur("runners.job_wait_warning", "10m",
          "How long a job may wait for a runner before the problems list names it and why.",
+         lo="1m", hi="24h"),
+    # GitHub itself ends a job whose runner stopped answering after about 10 minutes.
+    _dur("runners.runner_gone_job_warning", "15m",
+         "How long a job may stay in progress after its runner ended before it is a problem.",
          lo="1m", hi="24h"),
     # Task leases (TASK-03/04): each outlasts the work it covers (TASK-12).
     _dur("tasks.create_lease", "20m",
@@ -306,6 +327,21 @@ _ENTRIES: tuple[Setting | Derived, ...] = (
             "The access key id for the backup remotes, empty for the host's own credentials."),
     Setting("backup.s3_secret_access_key", STR, "",
             "The secret access key that goes with backup.s3_access_key_id.", secret=True),
+    # Rented machines (capacity/machines.py, MACH-11..15): the loop's pace, how long a machine
+    # may idle or take to join, the cap across every provider, and where its agent dials.
+    _dur("machines.interval", "5s",
+         "How often the machine loop plans machines and moves each one along.", lo="1s"),
+    _dur("machines.idle_timeout", "10m",
+         "How long a rented machine may have no runner before it is drained and deleted.",
+         lo="10s"),
+    _dur("machines.join_timeout", "10m",
+         "How long a rented machine's agent may take to join before the machine fails.",
+         lo="10s"),
+    Setting("machines.max_total", INT, 10,
+            "The most rented machines at once, across every provider.", min=0, max=10_000),
+    Setting("machines.controller_url", STR, "",
+            "The URL a rented machine's agent dials, empty for this host's loopback listener.",
+            validator=lambda v: _valid_url(v) if v else None),
     # One controller per database: renew well inside the lease (renew < ttl / 2).
     _dur("controller.lease_ttl", "30s",
          "How long the controller's database lease lasts without a renewal.", lo="5s"),

@@ -16,8 +16,7 @@ from typing import Any
 
 import yaml
 
-from accounts import sealing
-from zoomies_site.core import environment
+from zoomies_site.core import environment, sealing
 from zoomies_site.core.findings import Finding, error, warning
 from zoomies_site.core.registry.entries import (
     _OWN_ENV_NAMES,
@@ -230,7 +229,7 @@ def _read_database_layer() -> tuple[dict[str, Any], list[Finding]]:
     from django.db import DatabaseError  # noqa: PLC0415  # Django is read when a layer is, not at import
 
     # As with Django above: loaded when a layer is read, so the registry imports without Django.
-    from zoomies_site.models import SettingValue  # noqa: PLC0415
+    from zoomies_site.core.models import SettingValue  # noqa: PLC0415
 
     try:
         rows = _read_rows(lambda: list(SettingValue.objects.values_list("key", "value")))
@@ -249,7 +248,7 @@ def _read_database_layer() -> tuple[dict[str, Any], list[Finding]]:
 
 # --- secrets at rest (AUTH-07) --------------------------------------------------------------
 
-# A secret's SettingValue row is {"sealed": "v1:..."}: its stored JSON, sealed (accounts.sealing).
+# A secret's SettingValue row is {"sealed": "v1:..."}: its stored JSON, sealed (core.sealing).
 SEALED = "sealed"
 
 

@@ -190,6 +190,22 @@ def _posture_findings(v: Values) -> list[Finding]:
                 "to 127.0.0.1 (with server.tls_proxy on), or bind to loopback.",
             )
         )
+    if (
+        v["capacity_demand.destination_url"]
+        and not v["capacity_demand.controller_url"]
+        and not v["server.public_url"]
+        and is_loopback(host)
+    ):
+        out.append(
+            warning(
+                "config.no_public_url",
+                "Scale-up events would tell new machines to dial a loopback address",
+                f"No server.public_url is set and the controller listens on {bind}: a machine "
+                "an autoscaler starts cannot reach that, so it never joins.",
+                "Set server.public_url to the address machines reach this controller at (or "
+                "capacity_demand.controller_url for the autoscaler's machines alone).",
+            )
+        )
     api = urlparse(v["github.api_url"])
     if api.scheme == "http" and not is_loopback(api.hostname or ""):
         out.append(

@@ -30,13 +30,12 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from fleet.embedded import embedded_host_name, start_embedded_agent
-from zoomies_site import metrics
 from zoomies_site import sandbox as sandbox_mod
-from zoomies_site.core import controller_lock, dbhealth, environment, registry, wakebus
+from zoomies_site.core import controller_lock, dbhealth, environment, metrics, registry, wakebus
 from zoomies_site.core.forked import ForkedChild, MetricsNotShared
+from zoomies_site.embedded_agent import embedded_host_name, start_embedded_agent
 from zoomies_site.problems import config_findings
-from zoomies_site.recovery import recover_after_restart
+from zoomies_site.recovery import DeadGeneration, recover_after_restart
 from zoomies_site.ticker import default_ticker
 
 log = logging.getLogger("zoomies.controller")
@@ -49,13 +48,29 @@ def split_bind(bind: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def internal_port(data_dir: Path) -> int:
-    """The loopback port the web server also listens on, in plain HTTP, when the bind speaks
-    TLS: the embedded agent and the readiness check use it. Chosen once per data directory
-    and kept, since the embedded agent's credentials are for one controller URL."""
+def bind_in_use(given: str | None) -> tuple[str, int]:
+    """The address to serve on: `--bind` when given, else `server.bind`. A `--bind` is put
+    in this process's environment as ZOOMIES_SERVER_BIND before any child starts, so every
+    reader of `server.bind` (the Settings page, in the web child) shows the address in use
+    rather than the default (issue 21 item 14)."""
+    if not given:
+        return split_bind(registry.get("server.bind"))
+    host, port = split_bind(given)
+    os.environ.update({registry.ENTRIES["server.bind"].env: given})
+    registry.reload()
+    return host, port
+
+
+def internal_port(data_dir: Path, *, avoid: int | None = None) -> int:
+    """The loopback port the web server also listens on, in plain HTTP: the embedded agent
+    and the readiness check use it (the bind may speak TLS for a public name, and its
+    connections count against the per-client cap). Chosen once per data directory and kept,
+    since the embedded agent's credentials are for one controller URL."""
     path = data_dir / "internal-port"
     try:
         port = int(path.read_text())
+        if port == avoid:  # the operator's bind took it since: choose another
+            raise ValueError(port)
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
         return port
@@ -71,9 +86,22 @@ def internal_port(data_dir: Path) -> int:
 
 # How long a startup that found the database unwritable waits before it tries again.
 STARTUP_RETRY_SECONDS = 2.0
+# How long a child has to stop after its SIGTERM before it is killed.
+CHILD_STOP_SECONDS = 15
 # How long a stopping controller waits for a renewal in progress: past SQLite's 20 s busy
 # timeout (zoomies_site/settings.py), which a renewal under a write lock waits out.
 RENEWAL_JOIN_SECONDS = 30.0
+
+
+def check_configuration(stderr) -> None:
+    """The settings findings, each written out; an error among them stops the command."""
+    findings = config_findings(fresh=True)
+    for finding in findings:
+        stderr.write(f"{finding.severity}: {finding.title} — {finding.fix}")
+    try:
+        registry.raise_for_errors(findings)
+    except registry.ConfigError as exc:
+        raise CommandError(str(exc)) from exc
 
 
 def answered(response: httpx.Response) -> bool:
@@ -100,8 +128,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         self.stopping = threading.Event()
-        bind = options["bind"] or registry.get("server.bind")
-        host, port = split_bind(bind)
+        host, port = bind_in_use(options["bind"])
 
         # ARCH-03: the lock before anything else; a refused controller must not migrate.
         lock = self.lock = self._lock()
@@ -109,9 +136,11 @@ class Command(BaseCommand):
         try:
             tls = bool(registry.get("server.tls_cert") and registry.get("server.tls_key"))
             scheme, public_host = ("https" if tls else "http"), host
-            loopback = host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"  # noqa: S104  # compared against, not bound
-            inner = internal_port(Path(settings.DATA_DIR)) if tls else None
-            base_url = f"http://127.0.0.1:{inner}" if tls else f"http://{loopback}:{port}"
+            # The controller's own clients (the embedded agent, the readiness check) use a
+            # loopback listener of their own, which the per-client cap does not count: slow
+            # clients on the bind cannot lock them out (issue 21 item 12).
+            inner = internal_port(Path(settings.DATA_DIR), avoid=port)
+            base_url = f"http://127.0.0.1:{inner}"
             # The children count into files here and /metrics adds them up; a restart clears
             # the dead processes' files so counts start again from zero.
             metrics_dir = Path(settings.DATA_DIR) / "prometheus"
@@ -141,13 +170,7 @@ class Command(BaseCommand):
             if options["sandbox"]:
                 # Before the findings: the sandbox's own App and secret are configuration.
                 sandbox = self._start_sandbox(base_url)
-            findings = config_findings(fresh=True)
-            for finding in findings:
-                self.stderr.write(f"{finding.severity}: {finding.title} — {finding.fix}")
-            try:
-                registry.raise_for_errors(findings)
-            except registry.ConfigError as exc:
-                raise CommandError(str(exc)) from exc
+            check_configuration(self.stderr)
             if sandbox is not None:
                 sandbox_mod.seed(sandbox)
 
@@ -237,10 +260,12 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
 
     def _recover(self) -> None:
-        """Issue 11 item 3: what the killed predecessor held is freed now, not at expiry."""
+        """Issue 11 item 3: what the killed predecessor held is freed now, not at expiry;
+        what its still-dying processes hold is freed by the loop as each dies (item 17)."""
 
         for line in recover_after_restart(now=timezone.now(), embedded_host=embedded_host_name()):
             self.stdout.write(f"recovery: {line}")
+        self.dead_generation = DeadGeneration()
 
     def _start_sandbox(self, base_url: str):
         sandbox = sandbox_mod.start_fake_github(
@@ -272,8 +297,11 @@ class Command(BaseCommand):
         if child.poll() is None:
             child.terminate()
         try:
-            child.wait(timeout=15)
+            child.wait(timeout=CHILD_STOP_SECONDS)
         except subprocess.TimeoutExpired:
+            log.warning(
+                "the %s did not stop within %d s: killed", child.args[0], CHILD_STOP_SECONDS
+            )
             child.kill()
             child.wait(timeout=5)
 
@@ -364,11 +392,15 @@ class Command(BaseCommand):
         )  # fmt: skip
         renewal.start()
         next_close = time.monotonic() + renew_every
+        dead_generation = getattr(self, "dead_generation", None)
+        waits_until = time.monotonic() + registry.get("controller.lease_ttl").total_seconds()
         try:
             while not self.stopping.is_set():
                 for child in children:
                     if child.poll() is not None:
                         raise CommandError(f"{child.args[:4]} exited with {child.returncode}")
+                if dead_generation is not None:
+                    dead_generation = self._free_dead_generation(dead_generation, waits_until)
                 ticker.step(timezone.now())
                 if time.monotonic() >= next_close:
                     # The ticker's connection, afresh as often as the probe's: one broken by
@@ -380,6 +412,21 @@ class Command(BaseCommand):
             done.set()
             # A renewal after the lease is released below would find it gone (LEASE-07).
             renewal.join(RENEWAL_JOIN_SECONDS)
+
+    @staticmethod
+    def _free_dead_generation(
+        dead_generation: DeadGeneration, waits_until: float
+    ) -> DeadGeneration | None:
+        """One step of freeing what the killed predecessor's dying processes held; None once
+        nothing is left to wait for (or the leases have expired by themselves)."""
+        try:
+            more = dead_generation.step()
+        except DatabaseError as exc:  # a degraded database: the next round tries again
+            log.debug("recovery step skipped: %s", exc)
+            more = True
+        if more and time.monotonic() < waits_until:
+            return dead_generation
+        return None
 
     def _renew_loop(self, lock, renew_every: float, done: threading.Event) -> None:
         """The lease renewal and write probe, every `controller.lease_renew` until `done`."""

@@ -18,9 +18,8 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from accounts import sealing
 from zoomies_site.actions import InvalidSetting, reset_setting, set_setting
-from zoomies_site.core import registry
+from zoomies_site.core import registry, sealing
 
 ACTOR = "cli:set_secret"
 # A setting used instead of the secret when it comes from a later layer (runners.github.config).

@@ -11,13 +11,16 @@ the top level with its messages, so a client can point at the field:
 
 from __future__ import annotations
 
+import logging
+
+from django.core.exceptions import RequestDataTooBig
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.api_auth import api_exception_handler
+log = logging.getLogger("zoomies.api")
 
 
 class TokenScheme(OpenApiAuthenticationExtension):
@@ -28,6 +31,12 @@ class TokenScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer", "description": "an API token, zpt_…"}
+
+
+class DetailSerializer(serializers.Serializer):
+    """The one error shape, `{"detail": …}`, for the schema's answers."""
+
+    detail = serializers.CharField()
 
 
 class Conflict(exceptions.APIException):
@@ -151,3 +160,23 @@ def add_error_responses(result, generator, request, public):
                     {"description": description, "content": {"application/json": {"schema": ref}}},
                 )
     return result
+
+
+def api_exception_handler(exc, context):
+    """DRF's handler, plus: a body over DATA_UPLOAD_MAX_MEMORY_SIZE is a 413, not a traceback.
+
+    Django raises RequestDataTooBig when a view reads such a body; left to Django it is
+    answered with an HTML 400 and logged as an ERROR with its traceback, though the client,
+    not the server, is at fault.
+    """
+    # Imported here: rest_framework.views imports this module through the API settings.
+    from rest_framework.views import exception_handler  # noqa: PLC0415
+
+    if isinstance(exc, RequestDataTooBig):
+        request = context.get("request")
+        log.warning("%s: the request body is too large (%s)", getattr(request, "path", "?"), exc)
+        return Response(
+            {"detail": "the request body is too large"},
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
+    return exception_handler(exc, context)

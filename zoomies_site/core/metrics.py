@@ -70,6 +70,8 @@ def webhook_delivery(status: int, body: dict[str, Any]) -> None:
 
 def webhook_outcome(status: int, body: dict[str, Any]) -> str:
     if status == 200:
+        if body.get("ignored"):
+            return "ignored"  # recorded, but for an installation not configured here
         return "duplicate" if body.get("duplicate") else "accepted"
     named = {401: "bad_signature", 413: "too_large", 408: "timeout", 503: "busy"}
     return named.get(status, "invalid")

@@ -15,7 +15,7 @@ from typing import Any
 from django.utils import timezone
 
 from zoomies_site.core import wakebus
-from zoomies_site.models import Event
+from zoomies_site.core.models import Event
 
 # What the dashboard streams: the resources whose frames are their API GET shape.
 RESOURCES = ("pool", "runner", "job", "host")

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from fleet.actions import create_join_token
 from fleet.agent.cli import build_agent
-from fleet.agent.state import StateStore
+from fleet.agent.state import AgentState, StateStore
 from fleet.models import Host
 from runners import naming
 
@@ -61,7 +61,10 @@ def start_embedded_agent(
     state_dir.mkdir(parents=True, exist_ok=True)
     name = embedded_host_name()
     environ: dict[str, str] = {}
-    if not StateStore(state_dir).load().has_credentials_for(controller_url):
+    store = StateStore(state_dir)
+    state = store.load()
+    keep_credentials_at(store, state, controller_url)
+    if not state.has_credentials_for(controller_url):
         # A short-lived token handed straight to the agent in memory; it never leaves here.
         _row, secret = create_join_token(
             now=timezone.now(), actor="system:controller", ttl=timedelta(minutes=5)
@@ -90,6 +93,25 @@ def start_embedded_agent(
         daemon=True,
     ).start()  # fmt: skip
     return EmbeddedAgent(agent, thread)
+
+
+def keep_credentials_at(store: StateStore, state: AgentState, controller_url: str) -> bool:
+    """Point credentials held for another loopback port at `controller_url`; True if moved.
+
+    The state directory is this controller's own, so what it holds is this controller's
+    host, whatever port it was reached on. The internal port is kept across restarts, but a
+    killed predecessor's web process can still hold it for a moment, and a new one is then
+    chosen: joining again there dropped every runner on the host as if it were new (a busy
+    one failed mid-job, and the pool's start backoff counted them)."""
+    if state.host_id is None or not state.agent_token or state.has_credentials_for(controller_url):
+        return False
+    log.info(
+        "the embedded agent keeps host %s: its controller moved from %s to %s",
+        state.host_id, state.controller_url, controller_url,
+    )  # fmt: skip
+    state.controller_url = controller_url
+    store.save(state)
+    return True
 
 
 def flag_embedded_host(
