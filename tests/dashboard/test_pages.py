@@ -35,24 +35,27 @@ def signed_in(user) -> Client:
 
 @pytest.fixture
 def fleet(db):
+    # The rows' ages are taken from now, not from the module's import: in a long run a job
+    # made "3 min old" at import would cross the wait warning and add a query to every page.
+    now = datetime.now(UTC)
     pool = pool_actions.create_pool(
-        {"name": "zoomies-a", "labels": ["gpu"], "backend": "process"}, actor="t", now=NOW
+        {"name": "zoomies-a", "labels": ["gpu"], "backend": "process"}, actor="t", now=now
     )
     host = Host.objects.create(name="zoomies-h", capacity=4, backends=["process"])
     for i, state in enumerate(["idle", "busy", "failed"]):
         Runner.objects.create(
-            name=f"zoomies-a-{i}-x", pool=pool, host=host, state=state, created_at=NOW,
-            state_changed_at=NOW, message="the runner exited 1" if state == "failed" else "",
+            name=f"zoomies-a-{i}-x", pool=pool, host=host, state=state, created_at=now,
+            state_changed_at=now, message="the runner exited 1" if state == "failed" else "",
             output_tail="boom" if state == "failed" else "",
         )  # fmt: skip
     Job.objects.create(
         github_id=7, repository="acme/app", labels=["self-hosted", "gpu"], status="queued",
-        created_at=NOW - timedelta(minutes=3), updated_at=NOW, wait_reason="no host has room",
+        created_at=now - timedelta(minutes=3), updated_at=now, wait_reason="no host has room",
     )  # fmt: skip
     Job.objects.create(
         github_id=8, repository="acme/app", labels=["self-hosted"], status="in_progress",
-        created_at=NOW - timedelta(minutes=2), started_at=NOW - timedelta(minutes=1),
-        updated_at=NOW, runner_name="zoomies-a-1-x",
+        created_at=now - timedelta(minutes=2), started_at=now - timedelta(minutes=1),
+        updated_at=now, runner_name="zoomies-a-1-x",
     )  # fmt: skip
     return pool
 
