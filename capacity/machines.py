@@ -45,7 +45,7 @@ from runners.reconcile import build_snapshot as build_scheduling_snapshot
 from runners.scheduler import assign_jobs, decide
 from runners.scheduler.model import AVAILABLE_STATES, TERMINAL_STATES
 from runners.states import LIVE_STATES
-from zoomies_site.core import registry
+from zoomies_site.core import registry, sealing
 
 log = logging.getLogger("zoomies.machines")
 
@@ -64,16 +64,19 @@ def controller_mark() -> Mark:
 
 # -- providers -----------------------------------------------------------------------------
 
-_providers: dict[tuple[str, str], Provider] = {}
+# By provider name: the configuration it was built from, and the implementation.
+_providers: dict[str, tuple[str, Provider]] = {}
 
 
 def provider_for(row: MachineProvider) -> Provider:
-    """The implementation of a configured provider, one per process and configuration."""
-    key = (row.name, repr(sorted(row.config.items())) + row.kind)
-    provider = _providers.get(key)
-    if provider is None:
-        provider = _build(row)
-        _providers[key] = provider
+    """The implementation of a configured provider, one per process; built again when the
+    provider's settings change (an operator's PATCH), the old one dropped."""
+    built_from = row.kind + repr(sorted(row.config.items()))
+    held = _providers.get(row.name)
+    if held is not None and held[0] == built_from:
+        return held[1]
+    provider = _build(row)
+    _providers[row.name] = (built_from, provider)
     return provider
 
 
@@ -92,6 +95,48 @@ def _build(row: MachineProvider) -> Provider:
         # A token from onboarding is sealed in the row; opened only here, in memory.
         return ProxmoxProvider.from_config(row.name, provider_setups.unsealed_config(row.config))
     raise ValueError(f"provider {row.name}: unknown kind {row.kind!r}")
+
+
+@dataclass(frozen=True)
+class ProviderTest:
+    """A saved provider asked whether it could rent a machine now (the Settings page's
+    "Test connection"): `findings` names what would stop a create, `reason` why the provider
+    could not be asked at all (fleet.provider_setups.failure_reason), empty when it was."""
+
+    findings: list[str]
+    reason: str = ""
+    detail: str = ""
+
+
+def test_provider(row: MachineProvider, *, actor: str, now: datetime) -> ProviderTest:
+    """One look through a provider built afresh from the row (the loop's own instance and
+    its in-flight bookkeeping are left alone), closed after; audited with its outcome."""
+    try:
+        provider = _build(row)
+    # A token file gone, a sealed token the key no longer opens, a setting out of range.
+    except (OSError, ValueError, KeyError, sealing.SealError) as exc:
+        outcome = ProviderTest([], reason="refused", detail=f"its settings cannot be used: {exc}")
+    else:
+        try:
+            check = getattr(provider, "check", None)
+            findings = check() if check is not None else []
+            if check is None:
+                provider.list()
+            outcome = ProviderTest(findings)
+        except ProviderError as exc:
+            reason = provider_setups.failure_reason(exc)
+            outcome = ProviderTest([], reason=reason, detail=str(exc))
+        finally:
+            client = getattr(provider, "client", None)
+            if client is not None:
+                client.close()
+    verdict = outcome.reason or ("ok" if not outcome.findings else "findings")
+    with transaction.atomic(durable=True):
+        audit.record(
+            actor=actor, action="provider.test", target=row,
+            detail={"outcome": verdict, "findings": outcome.findings}, at=now,
+        )  # fmt: skip
+    return outcome
 
 
 def controller_url() -> str:

@@ -22,7 +22,7 @@ from rest_framework.views import APIView
 from accounts.actors import actor_for
 from accounts.permissions import HasFleetScope
 from accounts.roles import Level
-from capacity import actions
+from capacity import actions, machines
 from fleet import provider_actions
 from fleet.models import Machine, MachineProvider
 from fleet.states import MachineState
@@ -220,3 +220,41 @@ class ProviderDetail(
             )
         except provider_actions.ProviderInUse as exc:
             raise Conflict(str(exc)) from exc
+
+
+class ProviderTestSerializer(serializers.Serializer):
+    ok = serializers.BooleanField(help_text="the provider could rent a machine now")
+    findings = serializers.ListField(
+        child=serializers.CharField(), help_text="what would stop a create, one sentence each"
+    )
+
+
+class ProviderTestFailedSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    reason = serializers.ChoiceField(
+        choices=["unreachable", "certificate", "token_refused", "no_answer", "refused"]
+    )
+
+
+class ProviderTest(generics.GenericAPIView):
+    """POST /api/v1/providers/<id>/test (admins): the provider asked, with its saved
+    connection, whether it could rent a machine now: a missing privilege, a template gone,
+    a pool or storage not found, a full cluster. 502 with a `reason` when it cannot be asked."""
+
+    permission_classes = [HasFleetScope]
+    write_level = Level.ADMIN
+    queryset = MachineProvider.objects.all()
+
+    @extend_schema(
+        request=None,
+        responses={200: ProviderTestSerializer, 502: ProviderTestFailedSerializer},
+    )
+    def post(self, request, *args, **kwargs):
+        outcome = machines.test_provider(
+            self.get_object(), actor=actor_for(request), now=timezone.now()
+        )
+        if outcome.reason:
+            failed = {"detail": outcome.detail, "reason": outcome.reason}
+            return Response(ProviderTestFailedSerializer(failed).data, status=502)
+        answer = {"ok": not outcome.findings, "findings": outcome.findings}
+        return Response(ProviderTestSerializer(answer).data)

@@ -39,6 +39,9 @@ PROXMOX_FIXED = ("seed_path", "mark_prefix")
 PROXMOX_BY_HAND = ("endpoint", "token_file", "ca_file", "fingerprint")
 # Never through the API, in either direction: a token is a setup's, or in a token_file.
 SECRET_KEYS = ("token", "token_sealed")
+# A proxmox provider's connection: made once (from a setup or by hand) and kept by every
+# change of its settings, which may repeat what it shows of it but never change it.
+PROXMOX_CONNECTION = (*PROXMOX_BY_HAND, "ca_pem", "token_id", *SECRET_KEYS)
 VMID_MAX = 999_999_999
 LIMITS = ("max_machines", "max_per_pool", "slots_per_machine")
 # Far above any real fleet, and inside a 32-bit integer column on every database.
@@ -100,9 +103,8 @@ def provider_errors(
     if kind == "proxmox" and instance is None and "config" not in values:
         bad("config", "a proxmox provider needs its settings, config.template at least")
     if "config" in values and "kind" not in errors:  # a kind's settings are that kind's
-        for message in _config_errors(
-            kind, values["config"], creating=instance is None, with_setup=with_setup
-        ):
+        stored = instance.config if instance is not None else None
+        for message in _config_errors(kind, values["config"], stored=stored, with_setup=with_setup):
             bad("config", message)
     return errors
 
@@ -120,13 +122,15 @@ def _setup_errors(pk: Any, name: Any) -> list[str]:
     return []
 
 
-def _config_errors(kind: Any, config: Any, *, creating: bool, with_setup: bool) -> list[str]:
+def _config_errors(kind: Any, config: Any, *, stored: Any, with_setup: bool) -> list[str]:
     if not isinstance(config, dict):
         return ["an object"]
     if kind == "fake":
         return ["a fake provider takes no settings"] if config else []
     if kind == "proxmox":
-        return _proxmox_errors(config, creating=creating, with_setup=with_setup)
+        if stored is not None:
+            return _proxmox_change_errors(config, stored)
+        return _proxmox_errors(config, with_setup=with_setup)
     if kind != "local":
         return [f"a {kind} provider's settings are not changed through this API"]
     found = []
@@ -143,10 +147,34 @@ def _config_errors(kind: Any, config: Any, *, creating: bool, with_setup: bool) 
     return found
 
 
-def _proxmox_errors(config: dict, *, creating: bool, with_setup: bool) -> list[str]:
-    if not creating:
-        # A PATCH replaces the whole config, and with it the sealed connection.
-        return ["a proxmox provider's settings are fixed once made: make it again from a setup"]
+def _proxmox_change_errors(config: dict, stored: Any) -> list[str]:
+    """A PATCH's config for a proxmox provider: its settings, checked as a setup's would be.
+    The connection is kept; a key of it may be repeated (a GET's config sent back) but not
+    changed, and a secret is never taken."""
+    stored = stored if isinstance(stored, dict) else {}
+    found = []
+    changed = sorted(
+        key
+        for key in set(config) & set(PROXMOX_CONNECTION)
+        if key in SECRET_KEYS or config[key] != stored.get(key)
+    )
+    if changed:
+        found.append(
+            f"the connection is kept as it was made, not changed: {', '.join(changed)} "
+            "(a new connection: a new provider from a setup)"
+        )
+    settings = {k: v for k, v in config.items() if k not in PROXMOX_CONNECTION}
+    return found + _proxmox_errors(settings, with_setup=True)
+
+
+def proxmox_settings_changed(stored: Mapping[str, Any], config: Mapping[str, Any]) -> dict:
+    """The config a proxmox provider keeps after a change of its settings: the connection it
+    had, and the settings as given (a PATCH's config replaces the settings as a whole)."""
+    kept = {k: v for k, v in stored.items() if k in PROXMOX_CONNECTION}
+    return kept | {k: v for k, v in config.items() if k not in PROXMOX_CONNECTION}
+
+
+def _proxmox_errors(config: dict, *, with_setup: bool) -> list[str]:
     fields = ProxmoxConfig.__dataclass_fields__
     allowed = (set(fields) - set(PROXMOX_FIXED)) | set(() if with_setup else PROXMOX_BY_HAND)
     found = []
@@ -251,6 +279,8 @@ def update_provider(
     changes = {k: v for k, v in changes.items() if k in EDITABLE}
     if not changes:
         return provider
+    if provider.kind == "proxmox" and "config" in changes:
+        changes["config"] = proxmox_settings_changed(provider.config, changes["config"])
     before = {field: getattr(provider, field) for field in changes}
     with transaction.atomic(durable=True):
         MachineProvider.objects.filter(pk=provider.pk).update(**changes)

@@ -285,7 +285,7 @@ def discover_setup(pk: int, *, actor: str, now: datetime, timeout: float = 15.0)
         try:
             found = discover(client)
         except ProviderError as exc:
-            failure = DiscoveryFailed(_reason(exc), str(exc))
+            failure = DiscoveryFailed(failure_reason(exc), str(exc))
         finally:
             client.close()
     with transaction.atomic(durable=True):
@@ -300,7 +300,8 @@ def discover_setup(pk: int, *, actor: str, now: datetime, timeout: float = 15.0)
     return found
 
 
-def _reason(exc: ProviderError) -> str:
+def failure_reason(exc: ProviderError) -> str:
+    """Why the cluster could not be asked, as the Settings page names it."""
     if isinstance(exc, CertificateRefused):
         return "certificate"
     if isinstance(exc, ProviderDown):

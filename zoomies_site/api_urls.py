@@ -38,6 +38,7 @@ urlpatterns = [
     ),
     path("providers", machines.ProviderList.as_view(), name="api-providers"),
     path("providers/<int:pk>", machines.ProviderDetail.as_view(), name="api-provider"),
+    path("providers/<int:pk>/test", machines.ProviderTest.as_view(), name="api-provider-test"),
     path("provider-setups", setups.ProviderSetupList.as_view(), name="api-provider-setups"),
     path(
         "provider-setups/<int:pk>", setups.ProviderSetupDetail.as_view(), name="api-provider-setup"

@@ -30,7 +30,11 @@
     const response = await fetch("/api/v1/" + path, opts);
     const data = response.status === 204 ? null : await response.json().catch(() => null);
     if (!response.ok) {
-      throw new Error((data && data.detail) || ("HTTP " + response.status));
+      // A 400's body names its fields rather than a detail: kept on the error for forms.
+      const error = new Error((data && data.detail) || ("HTTP " + response.status));
+      error.status = response.status;
+      error.data = data;
+      throw error;
     }
     return data;
   }

@@ -44,6 +44,8 @@ POLICY = {
     "api-providers": {"POST": ("admin", "admin")},
     "api-provider": {"PATCH": ("admin", "admin"), "DELETE": ("admin", "admin")},
     "api-machine-release": {"POST": ("admin", "admin")},
+    # A provider's connection test asks the cluster with its saved token (issue 24 item 5).
+    "api-provider-test": {"POST": ("admin", "admin")},
     # Proxmox onboarding (issue 24 item 4): the admin's, reading a setup included.
     "api-provider-setups": {"POST": ("admin", "admin")},
     "api-provider-setup": {"GET": ("admin", "admin")},

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
+from playwright.sync_api import sync_playwright
 
 from runners.github.fake import FakeGitHub
+from tests.e2e.browsing import CHROMIUM, CHROMIUM_ARGS
 from tests.e2e.harness import Controller, free_port, kill_leftovers
 
 
@@ -44,3 +48,13 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture
+def browser():
+    if not shutil.which(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()

@@ -13,26 +13,17 @@ controller: daphne, the django-q2 cluster, the embedded agent) over its own SQLi
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
 
+from tests.e2e.browsing import PASSWORD, Watch
 from tests.e2e.harness import wait_for
 from tests.e2e.test_first_job import LABELS, POOL, setup_fleet
 from zoomies_site import dashboard
 
 # The HTTP layer and the browser: the same on either database, so the SQLite pass runs it.
 pytestmark = [pytest.mark.e2e, pytest.mark.any_database]
-CHROMIUM = "/usr/bin/chromium"
-# Without the background-networking flags Chromium keeps dialling out, and a closed network
-# (the test machines have one) refuses it.
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage",
-]  # fmt: skip
 # Every page of the dashboard (zoomies_site/dashboard_urls.py) by its screenshot's name;
 # {pool} is the test pool's id. The admin and the browsable API follow them.
 PAGES = {
@@ -41,24 +32,9 @@ PAGES = {
     "audit": "audit", "settings": "settings", "users": "users", "machines": "machines",
 }  # fmt: skip
 OTHER_SHOTS = ["runners-busy", "problems-drawer", "admin", "api-pools", "jobs-phone"]
-PASSWORD = "correct horse battery staple 42"
 RUNNER_ROW = '#runners tbody tr[data-name^="zoomies-e2e-"]'
 SHOTS_ENV = "ZOOMIES_SCREENSHOT_DIR"
 REPO = Path(__file__).resolve().parents[2]
-# Each linked stylesheet, and whether the browser holds rules from it: a 404 answered as
-# HTML leaves none. Read in the page, so a stylesheet served from the cache counts too.
-STYLESHEETS = """Array.from(document.querySelectorAll('link[rel=stylesheet]')).map(
-  (l) => [l.href, !!l.sheet && l.sheet.cssRules.length > 0])"""
-
-
-@pytest.fixture
-def browser():
-    if not shutil.which(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture
@@ -70,44 +46,6 @@ def shots() -> Path:
     for name in [*PAGES, *OTHER_SHOTS]:
         (folder / f"{name}.png").unlink(missing_ok=True)
     return folder
-
-
-class Watch:
-    """What the page said that it should not have: console errors, page errors, stylesheets
-    that did not answer 200."""
-
-    def __init__(self, page):
-        self.page = page
-        self.problems: list[str] = []
-        page.on("console", self._console)
-        page.on("pageerror", lambda exc: self.problems.append(f"page error: {exc}"))
-        page.on("response", self._response)
-        page.on("requestfailed", self._failed)
-
-    def _console(self, message):
-        if message.type == "error":
-            self.problems.append(f"console error: {message.text} at {message.location}")
-
-    def _response(self, response):
-        if response.request.resource_type == "stylesheet" and response.status != 200:
-            self.problems.append(f"stylesheet {response.url} answered {response.status}")
-
-    def _failed(self, request):
-        # The event stream is cut when the page navigates away: that is not a failure.
-        if request.resource_type == "stylesheet":
-            self.problems.append(f"stylesheet {request.url} failed: {request.failure}")
-
-    def check(self, name: str) -> None:
-        """Fail, naming the page, on anything said since the last check, or on a linked
-        stylesheet that holds no rules (or a page that links none)."""
-        sheets = self.page.evaluate(STYLESHEETS)
-        empty = [href for href, loaded in sheets if not loaded]
-        said, self.problems = self.problems, []
-        assert sheets and not empty and not said, (name, self.page.url, said, empty or sheets)
-
-    def shoot(self, folder: Path, name: str, *, full_page: bool = True) -> None:
-        self.page.screenshot(path=str(folder / f"{name}.png"), full_page=full_page)
-        self.check(name)
 
 
 def test_evt01_a_runner_appears_goes_busy_and_leaves_the_runners_page_without_a_reload(

@@ -53,6 +53,8 @@ Names = list[str]
 
 TAG_SEPARATORS = re.compile(r"[;, ]+")
 MiB = 1024 * 1024
+# The spec a check sizes its "is there room" question with; never created.
+CHECK_MARK = Mark("zoomies-check")
 # What the provider's token must hold (NOTES "The wire"): each is asked for by one call.
 PRIVILEGES = (
     "VM.Audit",  # status, config, resources
@@ -239,6 +241,30 @@ class ProxmoxProvider:
     def missing_privileges(self) -> Names:
         """The privileges the token lacks, by name (GET /access/permissions)."""
         return missing_privileges(self.client)
+
+    def check(self) -> Names:
+        """What would stop a create now, one sentence each; empty when nothing would (the
+        Settings page's test of a saved provider). Reads only: three GETs."""
+        cfg = self.config
+        found = [f"the token lacks {p}" for p in self.missing_privileges()]
+        everything = self.client.get("/cluster/resources") or []
+        try:
+            self._template([r for r in everything if r.get("type") == "qemu"])
+        except Refused as exc:
+            found.append(str(exc))
+        if cfg.pool and cfg.pool not in {
+            str(p.get("poolid")) for p in self.client.get("/pools") or []
+        }:
+            found.append(f"resource pool {cfg.pool} not found")
+        storages = {str(r.get("storage")) for r in everything if r.get("type") == "storage"}
+        if cfg.full_clone and cfg.storage and cfg.storage not in storages:
+            found.append(f"storage {cfg.storage} not found")
+        nodes = [r for r in everything if r.get("type") == "node"]
+        try:
+            self._node_with_room(nodes, MachineSpec(identity="zoomies-check", mark=CHECK_MARK))
+        except Refused as exc:
+            found.append(f"the cluster is full: {exc}")
+        return found
 
     # -- the steps -------------------------------------------------------------------------
 

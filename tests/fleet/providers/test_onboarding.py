@@ -412,11 +412,57 @@ def test_mach23_a_proxmox_provider_needs_its_ready_setup_or_a_token_file(api, se
         assert built.missing_privileges() == []
     finally:
         built.client.close()
-    patched = api.patch(f"/api/v1/providers/{row.pk}", {"config": {"template": 9001}},
-                        format="json")  # fmt: skip
-    assert patched.status_code == 400 and "config" in patched.json()
     assert api.patch(f"/api/v1/providers/{row.pk}", {"max_machines": 5},
                      format="json").status_code == 200  # fmt: skip
+
+
+def test_issue24_a_saved_proxmox_providers_settings_change_in_place_and_keep_its_connection(
+    api, server
+):
+    """A PATCH's config replaces the settings and keeps the sealed connection: before, any
+    change of template or sizes meant deleting the provider and enrolling the cluster again.
+    What GET shows of the connection may be sent back; a changed endpoint or a token never."""
+    started = enrolled(api, server)
+    made = api.post("/api/v1/providers", {**SAVE, "name": "pve-a", "setup": started["id"]},
+                    format="json").json()  # fmt: skip
+    sealed = MachineProvider.objects.get(name="pve-a").config["token_sealed"]
+    before = machines.provider_for(MachineProvider.objects.get(name="pve-a"))
+
+    shown = api.get(f"/api/v1/providers/{made['id']}").json()["config"]
+    edited = {**shown, "template": 9001, "cores": 4, "memory_mb": 4096}
+    del edited["bridge"]  # the settings are replaced as a whole: a setting left out goes
+    patched = api.patch(f"/api/v1/providers/{made['id']}", {"config": edited}, format="json")
+    assert patched.status_code == 200, patched.content
+    row = MachineProvider.objects.get(name="pve-a")
+    assert row.config["token_sealed"] == sealed and row.config["endpoint"] == server.url
+    assert row.config["template"] == 9001 and row.config["cores"] == 4
+    assert "bridge" not in row.config and "token_sealed" not in patched.json()["config"]
+    (audited,) = AuditLog.objects.filter(action="provider.update")
+    assert "token_sealed" in audited.detail["after"]["config"]  # the keys, never the values
+    assert sealed not in json.dumps(audited.detail)
+
+    # The machine loop's provider is built again from the new settings, the token still opens.
+    after = machines.provider_for(row)
+    assert after is not before and isinstance(after, ProxmoxProvider)
+    assert after.config.template == 9001 and machines.provider_for(row) is after
+    try:
+        assert after.missing_privileges() == []
+    finally:
+        after.client.close()
+        before.client.close()
+
+    for config, named in (
+        ({**edited, "endpoint": "https://elsewhere:8006"}, "endpoint"),
+        ({"template": 9001, "token": pve.TOKEN}, "token"),
+        ({"template": 9001, "token_sealed": sealed}, "token_sealed"),
+        ({"template": 9001, "token_file": "/etc/passwd"}, "token_file"),
+        ({"template": 9001, "mark_prefix": "x"}, "mark_prefix"),
+        ({"cores": 4}, "template"),
+    ):
+        answer = api.patch(f"/api/v1/providers/{made['id']}", {"config": config}, format="json")
+        assert answer.status_code == 400, (config, answer.content)
+        assert named in " ".join(answer.json()["config"]), answer.content
+    assert MachineProvider.objects.get(name="pve-a").config == row.config
 
 
 # -- MACH-24: setup never touches a host -----------------------------------------------------
@@ -457,3 +503,38 @@ def test_the_script_template_has_no_placeholder_left(api):
     text = Client().get(f"/machines/setup/{capability}/script").content.decode()
     assert not re.search(r"@[A-Z_]+@", text)
     assert text.startswith("#!/bin/sh\n") and "set -eu" in text
+
+
+def test_issue24_item5_test_connection_names_a_missing_privilege_template_and_room(
+    api, server, viewer
+):
+    """A saved provider's "Test connection" (POST /api/v1/providers/<id>/test) asks the
+    cluster with the saved connection what would stop a create, each audited; a token the
+    cluster no longer takes is a 502 with the reason, never a 500."""
+    started = enrolled(api, server)
+    made = api.post("/api/v1/providers", {**SAVE, "name": "pve-a", "setup": started["id"]},
+                    format="json").json()  # fmt: skip
+    route = f"/api/v1/providers/{made['id']}/test"
+    assert api.post(route).json() == {"ok": True, "findings": []}
+
+    server.fake.refuse_privilege("VM.Clone")
+    server.fake.remove_named("runner-template")
+    server.fake.nodes["pve"] = 1024  # below one machine's 2048 MiB
+    answer = api.post(route).json()
+    assert answer["ok"] is False
+    assert answer["findings"][0] == "the token lacks VM.Clone"
+    assert any("template 9000 not found" in f for f in answer["findings"])
+    assert any(f.startswith("the cluster is full: no node has room for 2048 MiB")
+               for f in answer["findings"])  # fmt: skip
+
+    server.fake.tokens.clear()  # the token was removed on the cluster
+    refused = api.post(route)
+    assert refused.status_code == 502 and refused.json()["reason"] == "token_refused"
+    outcomes = [a.detail["outcome"] for a in AuditLog.objects.filter(action="provider.test")
+                .order_by("pk")]  # fmt: skip
+    assert outcomes == ["ok", "findings", "token_refused"]
+
+    server.stop()
+    assert api.post(route).json()["reason"] == "unreachable"
+    assert api.post("/api/v1/providers/999999/test").status_code == 404
+    assert client_for(viewer).post(route).status_code == 403
