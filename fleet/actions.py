@@ -246,6 +246,7 @@ def join_host(
         emit("host.rejoined" if rejoined else "host.joined", host, at=now)
         if rejoined:
             _drop_runners(host, now=now, actor=actor)
+    runner_side().host_joined(host, now=now)
     return host, secret
 
 

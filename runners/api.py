@@ -78,12 +78,27 @@ class PoolSerializer(RejectUnknownFields, serializers.ModelSerializer):
             "id", "name", "installation", "repository", "labels", "backend", "platform",
             "host_selector", "image", "cpus", "memory_mb", "dind", "env", "ephemeral", "warm",
             "max_runners", "paused", "idle_timeout", "runner_group_id", "created_at", "runs",
+            "auto_key", "size_class", "size_class_since", "auto_active",
         ]  # fmt: skip
-        # Pausing is a lifecycle verb with its own route, not a field edit.
-        read_only_fields = ["id", "created_at", "paused", "runs"]
+        # Pausing is a lifecycle verb with its own route, not a field edit; an automatic
+        # pool's key, class and activity are the controller's (SCHED-31).
+        read_only_fields = [
+            "id", "created_at", "paused", "runs", "auto_key", "size_class", "size_class_since",
+            "auto_active",
+        ]  # fmt: skip
 
     def validate(self, attrs):
         """The model's own validation (`Pool.clean`), as the admin runs it (issue 8 item 1)."""
+        if self.instance is not None and self.instance.auto_key:
+            owned = sorted(f for f in set(attrs) & set(pool_actions.AUTO_OWNED)
+                           if attrs[f] != getattr(self.instance, f))  # fmt: skip
+            if owned:
+                raise serializers.ValidationError(
+                    {
+                        f: ["an automatic pool's shape is the controller's, from its hosts"]
+                        for f in owned
+                    }  # fmt: skip
+                )
         values = (
             {f: getattr(self.instance, f) for f in Pool.VALIDATED_FIELDS} if self.instance else {}
         )

@@ -18,6 +18,7 @@ from fleet import protocol
 from fleet.memory_planner import RunnerMemory
 from fleet.models import AgentTask, Host
 from fleet.states import OPEN_TASK_STATES, TaskKind, TaskState
+from runners import auto_pools
 from runners.actions import steps
 from runners.actions.lifecycle import settle_abandoned_tasks
 from runners.actions.reports import apply_agent_reports
@@ -36,6 +37,12 @@ def fail_live_runners(
     return steps.fail_live_runners(
         host, now=now, actor=actor, message=message, job_failure=job_failure
     )
+
+
+def host_joined(host: Host, *, now: datetime) -> None:
+    """A host joined (or joined again): the automatic pools may owe a new platform a pool
+    (SCHED-30's wake, a hint; the next timed pass would see it too)."""
+    auto_pools.wake_auto_pools()
 
 
 def host_lost(host: Host, *, now: datetime, actor: str, why: str) -> list[str]:

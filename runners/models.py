@@ -296,6 +296,15 @@ class Pool(models.Model):
     idle_timeout = models.DurationField(null=True, blank=True)
     runner_group_id = models.IntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
+    # SCHED-29..33: a pool the controller keeps from the hosts has an auto_key; its labels,
+    # platform, backend, cpus, memory_mb and the three below are then the controller's
+    # (runners.auto_pools writes them), everything else the operator's.
+    auto_key = models.CharField(max_length=80, null=True, blank=True, unique=True)
+    size_class = models.CharField(max_length=16, blank=True)
+    size_class_since = models.DateTimeField(null=True, blank=True)
+    auto_active = models.BooleanField(
+        default=True, help_text="an automatic pool with no host left is kept but given no runner"
+    )
 
     # The fields `pool_errors` judges.
     VALIDATED_FIELDS = (

@@ -98,7 +98,8 @@ def pool_view(p: Any) -> PoolView:
         ephemeral=bool(p.ephemeral),
         warm=_count(p.warm, "warm"),
         max_runners=_count(p.max_runners, "max_runners"),
-        paused=bool(p.paused),
+        # An automatic pool with no host left (SCHED-29) is kept but given no runner.
+        paused=bool(p.paused) or (p.auto_key is not None and not p.auto_active),
         idle_timeout=idle,
         installation_id=p.installation_id,
     )

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from runners import auto_pools
 from runners.housekeeping import housekeeping_step
 from runners.poller import poll_step
 from runners.reap import reap_step
@@ -61,6 +62,24 @@ def redelivery_task() -> str:
         return str(redelivery_step(timezone.now()))
     finally:
         leases.release("redelivery", holder=holder, force=True)
+
+
+def auto_pools_task(started_at: str = "") -> str:
+    """SCHED-30: one automatic-pool pass at a time, under its own lease, never the
+    reconcile pass's. The wake flag is cleared first, so a wake during the pass queues
+    one more."""
+    if not auto_pools.enabled():
+        return "automatic pools are off (scheduler.auto_pools)"
+    holder = _holder()
+    now = timezone.now()
+    if not leases.acquire(auto_pools.LEASE_NAME, holder=holder, now=now, ttl=auto_pools.LEASE_TTL):
+        return "another automatic-pool pass is running"
+    try:
+        auto_pools.clear_wake()
+        since = datetime.fromisoformat(started_at) if started_at else None
+        return "; ".join(auto_pools.step(now, started_at=since)) or "nothing to change"
+    finally:
+        leases.release(auto_pools.LEASE_NAME, holder=holder, force=True)
 
 
 def reap_task(started_at: str) -> str:

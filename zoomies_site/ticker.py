@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from runners.scheduler.auto_pools import AUTO_POOL_INTERVAL
 from zoomies_site.core import registry
 from zoomies_site.core.faultlog import FaultLog
 
@@ -83,6 +84,15 @@ def default_ticker(started_at: datetime) -> Ticker:
                 "capacity",
                 every("capacity_demand.interval"),
                 lambda now: enqueue("capacity.tasks.capacity_step_task"),
+            ),
+            # The automatic pools, in their own pass (SCHED-30); off unless enabled.
+            Periodic(
+                "auto_pools",
+                lambda: AUTO_POOL_INTERVAL,
+                lambda now: (
+                    registry.get("scheduler.auto_pools")
+                    and enqueue("runners.tasks.auto_pools_task", started_at.isoformat())
+                ),
             ),
             # Rented machines, apart from the reconcile pass (MACH-19).
             Periodic(

@@ -55,6 +55,10 @@ def create_pool(values: dict[str, Any], *, actor: str, now: datetime) -> Pool:
 
 
 def update_pool(pool: Pool, changes: dict[str, Any], *, actor: str, now: datetime) -> Pool:
+    if pool.auto_key:
+        # An automatic pool's shape is the controller's (SCHED-31): a form sent back with
+        # the shape it showed must not put back one a pass has changed since.
+        changes = {k: v for k, v in changes.items() if k not in AUTO_OWNED}
     before = {field: getattr(pool, field) for field in changes}
     for field, value in changes.items():
         setattr(pool, field, value)
@@ -193,3 +197,72 @@ def prewarm_pool(pool: Pool, *, actor: str, now: datetime) -> tuple[str, list[st
             at=now,
         )
     return image, [h.name for h in asked]
+
+
+# -- automatic pools (SCHED-31) ------------------------------------------------------------
+
+# What the controller owns of a pool with an auto_key; every other column is the operator's.
+AUTO_OWNED = (
+    "labels", "platform", "backend", "cpus", "memory_mb", "size_class", "size_class_since",
+    "auto_active",
+)  # fmt: skip
+# What the operator decides that a pass works from: an edit of these saved while a pass was
+# working makes that pass's write a no-op, so it is never put back.
+AUTO_OPERATOR_READ = ("warm", "max_runners", "paused")
+
+
+def make_auto_pool(
+    *, auto_key: str, name: str, owned: dict[str, Any], actor: str, now: datetime
+) -> Pool | None:
+    """A new automatic pool, the operator's columns at their defaults (warm 0: it serves the
+    jobs that ask for it, and keeps nothing idle until the operator says so). None when
+    another pass made it first or an operator's pool holds the name."""
+    if Pool.objects.filter(name=name).exists() or Pool.objects.filter(auto_key=auto_key).exists():
+        return None
+    pool = Pool(name=name, auto_key=auto_key, **owned)
+    pool.full_clean(validate_unique=False)
+    with transaction.atomic(durable=True):
+        pool.save()
+        audit.record(
+            actor=actor, action="pool.auto_create", target=pool,
+            detail={"auto_key": auto_key, **_auto_detail(owned)}, at=now,
+        )  # fmt: skip
+        emit("pool.created", pool, at=now)
+        _wake()
+    return pool
+
+
+def apply_auto_shape(
+    pool_id: int,
+    *,
+    auto_key: str,
+    owned: dict[str, Any],
+    operator_read: dict[str, Any],
+    reason: str,
+    actor: str,
+    now: datetime,
+) -> bool:
+    """SCHED-31: one narrow UPDATE of the controller's columns, on the pool with this id and
+    auto_key only, and only while the operator's warm count, cap and pause are what the pass
+    read. False when it touched nothing (an operator's edit won, or the pool is gone)."""
+    foreign = set(owned) - set(AUTO_OWNED)
+    if foreign:
+        raise ValueError(f"not the controller's to write on a pool: {', '.join(sorted(foreign))}")
+    with transaction.atomic(durable=True):
+        changed = Pool.objects.filter(pk=pool_id, auto_key=auto_key, **operator_read).update(
+            **owned
+        )
+        if not changed:
+            return False
+        pool = Pool.objects.get(pk=pool_id)
+        audit.record(
+            actor=actor, action="pool.auto_update", target=pool,
+            detail={"reason": reason, **_auto_detail(owned)}, at=now,
+        )  # fmt: skip
+        emit("pool.updated", pool, at=now)
+        _wake()
+    return True
+
+
+def _auto_detail(owned: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in owned.items()}

@@ -167,6 +167,11 @@ def _provider_edit():
     )
 
 
+def _provider_test():
+    row = _a_provider()
+    return lambda client: client.post(f"/api/v1/providers/{row.pk}/test")
+
+
 def _provider_delete():
     row = _a_provider()
     return lambda client: client.delete(f"/api/v1/providers/{row.pk}")
@@ -230,6 +235,7 @@ RECIPES = {
     ("api-providers", "POST"): (_provider_create, "provider.create"),
     ("api-provider", "PATCH"): (_provider_edit, "provider.update"),
     ("api-provider", "DELETE"): (_provider_delete, "provider.delete"),
+    ("api-provider-test", "POST"): (_provider_test, "provider.test"),
     ("api-machine-release", "POST"): (_machine_release, "machine.deleted"),
     ("api-provider-setups", "POST"): (_setup_start, "provider_setup.start"),
     ("api-provider-setup-discover", "POST"): (_setup_discover, "provider_setup.discover"),

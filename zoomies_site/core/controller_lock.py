@@ -124,6 +124,11 @@ def record_lease_lost(*, holder: str, now: datetime) -> None:
     )
 
 
+def controller_started_at() -> datetime | None:
+    """When the running controller took its lease (its start); None before any did."""
+    return Lease.objects.filter(name=LEASE_NAME).values_list("acquired_at", flat=True).first()
+
+
 def lease_lost_since() -> datetime | None:
     return Lease.objects.filter(name=LOST_MARK).values_list("acquired_at", flat=True).first()
 

@@ -142,6 +142,14 @@ _ENTRIES: tuple[Setting | Derived, ...] = (
          lo="1s"),
     _dur("scheduler.max_start_backoff", "5m",
          "The longest a pool waits before creating again after failed runners.", lo="1s"),
+    # SCHED-29..33: the pools the controller keeps from the hosts (runners.auto_pools).
+    Setting("scheduler.auto_pools", BOOL, False,
+            "Whether the controller keeps one automatic pool per platform its hosts report."),
+    _dur("scheduler.auto_pools_host_grace", "10m",
+         "How long a silent host still shapes the automatic pools; above host.lost_after.",
+         lo="1m"),
+    _dur("scheduler.size_class_hold", "10m",
+         "How long an automatic pool keeps a size class before it may change again."),
     # HOST-14..17: a host's throttle, moved by fleet.throttling from its usage samples.
     Setting("scheduler.host_throttling", BOOL, True,
             "Whether a host whose samples show it short or overwhelmed is held and throttled."),

@@ -92,6 +92,16 @@ def _relationship_findings(v: Values) -> list[Finding]:
         "Runners would be failed on a host the scheduler is still placing new ones on.",
         f"Raise host.lost_after above {_fmt(ht)}, or lower agent.heartbeat_timeout.",
     )
+    # SCHED-32: a host's silence reshapes an automatic pool only after it is lost.
+    grace = v["scheduler.auto_pools_host_grace"]
+    need(
+        grace > lost,
+        "auto_pools_grace_not_above_host_lost",
+        "scheduler.auto_pools_host_grace is not longer than host.lost_after",
+        "An automatic pool would be reshaped for a host the fleet has not yet given up on, so "
+        "a brief network drop would reshuffle the pools.",
+        f"Raise scheduler.auto_pools_host_grace above {_fmt(lost)}.",
+    )
     # One controller per database: one missed renewal must not lose the lease.
     ttl, renew = v["controller.lease_ttl"], v["controller.lease_renew"]
     need(
