@@ -84,7 +84,8 @@
       template: Number(f.template.value), cores: Number(f.cores.value),
       memory_mb: Number(f.memory_mb.value), full_clone: f.full_clone.checked,
     };
-    for (const name of ["pool", "storage", "bridge", "ciuser"]) {
+    for (const name of ["pool", "storage", "bridge", "ciuser", "ipconfig", "nameserver",
+      "searchdomain", "cicustom"]) {
       if (f[name].value.trim()) config[name] = f[name].value.trim();
     }
     const nodes = selected(f.nodes);
@@ -207,7 +208,8 @@
     editing = provider;
     const c = provider.config || {};
     const f = form.elements;
-    for (const name of ["template", "pool", "storage", "bridge", "ciuser", "cores", "memory_mb"]) {
+    for (const name of ["template", "pool", "storage", "bridge", "ciuser", "cores", "memory_mb",
+      "ipconfig", "nameserver", "searchdomain", "cicustom"]) {
       if (c[name] !== undefined) f[name].value = c[name];
     }
     f.full_clone.checked = Boolean(c.full_clone);

@@ -96,6 +96,7 @@ def test_mach20_mach24_a_proxmox_cluster_is_onboarded_from_the_settings_page(
         assert page.locator("#proxmox-privileges").is_hidden()
         page.select_option("#proxmox-settings select[name=pools]", POOL["name"])
         page.fill("#proxmox-settings input[name=bridge]", "vmbr0")
+        page.fill("#proxmox-settings input[name=nameserver]", "192.0.2.53")
         page.fill("#proxmox-settings input[name=max_machines]", "3")
         page.click("#proxmox-settings button[type=submit]")
         page.wait_for_selector("#provider-test >> text=pve-main saved")
@@ -106,6 +107,8 @@ def test_mach20_mach24_a_proxmox_cluster_is_onboarded_from_the_settings_page(
         assert saved["kind"] == "proxmox" and saved["pools"] == [POOL["name"]]
         assert saved["max_machines"] == 3 and saved["config"]["template"] == 9000
         assert saved["config"]["endpoint"] == server.url and saved["config"]["bridge"] == "vmbr0"
+        assert saved["config"]["ipconfig"] == "ip=dhcp"
+        assert saved["config"]["nameserver"] == "192.0.2.53"
         assert "token_sealed" not in saved["config"] and "token" not in saved["config"]
         page_text = page.content()
         assert pve.SECRET not in page_text
@@ -122,6 +125,7 @@ def test_mach20_mach24_a_proxmox_cluster_is_onboarded_from_the_settings_page(
         (changed,) = controller.api("providers")
         assert changed["config"]["cores"] == 4 and changed["config"]["endpoint"] == server.url
         assert changed["config"]["bridge"] == "vmbr0" and changed["pools"] == [POOL["name"]]
+        assert changed["config"]["nameserver"] == "192.0.2.53"
 
         server.fake.refuse_privilege("VM.Allocate")
         page.click("#provider-list tbody tr:has-text('pve-main') button[data-act=test]")
