@@ -261,32 +261,40 @@ def step_docker(run: Run) -> None:
 
 def step_agents(run: Run) -> None:
     if run.quick:
-        argv = ["--agents", "20", "--ramp", "2", "--hold", "5", "--interval", "2"]
+        runs = {"agents": ["--agents", "20", "--ramp", "2", "--hold", "5", "--interval", "2"]}
     else:
-        argv = ["--agents", "100", "500", "1000", "2000"]
-    argv += ["--logs", str(run.out)]
-    figures = run.child("agents", ["-m", "bench.agents", *argv], timeout=900)
-    if not isinstance(figures, list):
-        return
-    for r in figures:
-        n = r["agents"]
-        run.load = r["load"]
-        run.add("agents", f"{n} agents: joins that succeeded", r["joined"], "", "agents", n,
-                "all")  # fmt: skip
-        run.add("agents", f"{n} agents: join p99", r["join_p99_ms"], "ms",
-                "/healthz p99", r["healthz_p99_ms"])  # fmt: skip
-        run.add("agents", f"{n} agents: heartbeat p50", r["heartbeat_p50_ms"], "ms",
-                "/healthz p50", r["healthz_p50_ms"])  # fmt: skip
-        run.add("agents", f"{n} agents: heartbeat p99", r["heartbeat_p99_ms"], "ms",
-                "/healthz p99", r["healthz_p99_ms"], "< 250 ms")  # fmt: skip
-        run.add("agents", f"{n} agents: long-polls held open", r["polls_open"], "", "agents", n,
-                "all")  # fmt: skip
-        run.add("agents", f"{n} agents: controller CPU", r["controller_cpu_cores"], "cores")
-        run.add("agents", f"{n} agents: PSS of the process tree", r["pss_mb"], "MB",
-                "", None, "<= 200 MB at 1000")  # fmt: skip
-        run.add("agents", f"{n} agents: RSS of the process tree", r["rss_mb"], "MB")
-        run.add("agents", f"{n} agents: controller still running at the end",
-                int(r["controller_alive"]), "yes=1", "", None, "1")  # fmt: skip
+        # The larger fleets also on the scale-out shape (4 web processes, PostgreSQL and
+        # Redis) beside the single process, in the same child, one after the other.
+        runs = {"agents": ["--agents", "100", "500"],
+                "agents-scale-out": ["--agents", "1000", "2000", "--web", "4"]}  # fmt: skip
+    for step, argv in runs.items():
+        figures = run.child(step, ["-m", "bench.agents", *argv, "--logs", str(run.out)],
+                            timeout=1500)  # fmt: skip
+        if isinstance(figures, list):
+            for r in figures:
+                _agent_rows(run, r)
+
+
+def _agent_rows(run: Run, r: dict) -> None:
+    shape = r.get("shape", "single process")
+    n = f"{r['agents']} agents" + ("" if shape == "single process" else f" ({shape})")
+    run.load = r["load"]
+    run.add("agents", f"{n}: joins that succeeded", r["joined"], "", "agents", r["agents"],
+            "all")  # fmt: skip
+    run.add("agents", f"{n}: join p99", r["join_p99_ms"], "ms",
+            "/healthz p99", r["healthz_p99_ms"])  # fmt: skip
+    run.add("agents", f"{n}: heartbeat p50", r["heartbeat_p50_ms"], "ms",
+            "/healthz p50", r["healthz_p50_ms"])  # fmt: skip
+    run.add("agents", f"{n}: heartbeat p99", r["heartbeat_p99_ms"], "ms",
+            "/healthz p99", r["healthz_p99_ms"], "< 250 ms")  # fmt: skip
+    run.add("agents", f"{n}: long-polls held open", r["polls_open"], "", "agents", r["agents"],
+            "all")  # fmt: skip
+    run.add("agents", f"{n}: server CPU", r["controller_cpu_cores"], "cores")
+    run.add("agents", f"{n}: PSS of the process tree", r["pss_mb"], "MB",
+            "", None, "<= 200 MB at 1000")  # fmt: skip
+    run.add("agents", f"{n}: RSS of the process tree", r["rss_mb"], "MB")
+    run.add("agents", f"{n}: server still running at the end",
+            int(r["controller_alive"]), "yes=1", "", None, "1")  # fmt: skip
 
 
 def step_live(run: Run) -> None:

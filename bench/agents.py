@@ -17,6 +17,12 @@ interval, so every agent heartbeats at least twice). Figures: join and heartbeat
 (cores busy, all its processes, over the hold), and the RSS and PSS of its whole process
 tree at the end. The floor for the latencies is the controller's `/healthz` timed from the
 same client in the same hold: what the server and this client cost with no work behind.
+
+`--web N` runs each N again on the scale-out shape beside the single process, in the same
+run (docs/deployment.md): N `manage.py web` processes sharing one port (SO_REUSEPORT) and
+one `manage.py workers`, on PostgreSQL and Redis, all in one session so that CPU and memory
+count every one of them. The agents are spread over the web processes by the kernel, one
+connection at a time, as a load balancer would.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +47,7 @@ if str(ROOT) not in sys.path:
 from bench._common import (  # noqa: E402
     CpuSampler,
     flush,
+    kill_session,
     load_average,
     machine,
     own_cpu,
@@ -46,7 +56,8 @@ from bench._common import (  # noqa: E402
     sigterm_raises,
     stop_controller,
 )
-from tests.e2e.harness import Controller  # noqa: E402
+from tests import postgres_databases  # noqa: E402
+from tests.e2e.harness import MANAGE, Controller, free_port  # noqa: E402
 
 AGENT_API = "/api/v1/agent"
 MINT = (
@@ -254,6 +265,76 @@ async def healthz_probe(port: int, stop: asyncio.Event, totals: Totals) -> None:
     conn.close()
 
 
+POSTGRES_URL = os.environ.get("ZOOMIES_TEST_POSTGRES_URL", "postgres://root@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("ZOOMIES_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+class ScaleOut:
+    """The scale-out shape on this machine: `web` web processes on one port and one workers
+    process, over a PostgreSQL database of its own and a Redis prefix of its own, started
+    by one shell (the session leader, `process`) that waits on them."""
+
+    def __init__(self, data_dir: Path, web: int, max_per_client: int) -> None:
+        self.web = web
+        self.port = free_port()
+        self.database = postgres_databases.create(POSTGRES_URL)
+        self.log_path = data_dir / "scale-out.log"
+        self.env = {
+            **os.environ,
+            "ZOOMIES_DATA_DIR": str(data_dir),
+            "ZOOMIES_DATABASE_URL": self.database,
+            "ZOOMIES_REDIS_URL": REDIS_URL,
+            "ZOOMIES_REDIS_PREFIX": f"zoomies-bench-{os.getpid()}-{self.port}",
+            "ZOOMIES_SERVER_MAX_CONNECTIONS_PER_CLIENT": str(max_per_client),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.env.pop("ZOOMIES_DB", None)
+        self.process: subprocess.Popen | None = None
+
+    def manage(self, *args: str) -> str:
+        done = subprocess.run([sys.executable, MANAGE, *args], env=self.env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"manage.py {args[0]} failed: {done.stderr[-2000:]}")
+        return done.stdout
+
+    def start(self) -> None:
+        web = f"{shlex.quote(sys.executable)} {shlex.quote(str(MANAGE))} web --bind " \
+              f"127.0.0.1:{self.port} --reuse-port"  # fmt: skip
+        workers = f"{shlex.quote(sys.executable)} {shlex.quote(str(MANAGE))} workers"
+        script = " ".join([f"{web} &"] * self.web + [f"{workers} &", "wait"])
+        self.process = subprocess.Popen(
+            ["bash", "-c", script], env=self.env, cwd=ROOT, start_new_session=True,
+            stdout=self.log_path.open("w"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 90
+        while not _healthy(self.port):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the web tier did not start: {self.log()}")
+            time.sleep(0.5)
+        time.sleep(2.0 + self.web)  # every web process listening, not only the first
+
+    def log(self) -> str:
+        if not self.log_path.exists():
+            return "(nothing started yet)"
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        if self.process is not None:
+            kill_session(self.process.pid)
+            self.process.wait(30)
+        postgres_databases.drop(POSTGRES_URL, self.database.rsplit("/", 1)[1])
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            return conn.recv(64).startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False
+
+
 @dataclass
 class Result:
     agents: int
@@ -279,6 +360,7 @@ class Result:
     load: str
     first_error: str
     controller_alive: bool = True  # False: the controller exited during the run
+    shape: str = "single process"
 
 
 async def drive(controller: Controller, tokens: list[str], args) -> Result:
@@ -378,23 +460,49 @@ def run_one(n: int, args, tmp: Path) -> Result:
         stop_controller(controller)
 
 
+def run_scale_out(n: int, args, tmp: Path) -> Result:
+    data_dir = Path(tempfile.mkdtemp(prefix=f"agents{n}-web{args.web}-", dir=tmp))
+    shape = ScaleOut(data_dir, args.web, max_per_client=max(64, 4 * n))
+    try:
+        shape.manage("migrate", "--verbosity", "0")
+        tokens = shape.manage("shell", "-c", MINT.format(n=n)).split()
+        tokens = [t for t in tokens if t.startswith("zjt_")]
+        if len(tokens) != n:
+            raise RuntimeError(f"minted {len(tokens)} join tokens of {n}")
+        shape.start()
+        result = asyncio.run(drive(shape, tokens, args))
+        result.controller_alive = shape.process is not None and shape.process.poll() is None
+        result.shape = f"{args.web} web + 1 workers, PostgreSQL + Redis"
+        return result
+    except BaseException:
+        print(f"scale-out log (tail):\n{shape.log()}", file=sys.stderr)
+        raise
+    finally:
+        shape.stop()
+
+
 def run(counts: list[int], args) -> list[Result]:
     results = []
     with tempfile.TemporaryDirectory(prefix="zoomies-bench-agents-") as tmp:
         for n in counts:
-            result = run_one(n, args, Path(tmp))
-            results.append(result)
-            print(
-                f"  {n} agents: {result.joined} joined ({result.join_errors} failed), "
-                f"heartbeat p50 {result.heartbeat_p50_ms:.0f} / p99 {result.heartbeat_p99_ms:.0f}"
-                f" ms over {result.heartbeats}, long-polls open {result.polls_open}, controller "
-                f"{result.controller_cpu_cores:.2f} cores, PSS {result.pss_mb:.0f} MB "
-                f"(load {result.load})"
-                + ("" if result.controller_alive else "; THE CONTROLLER EXITED during the run")
-                + (f"; first error: {result.first_error}" if result.first_error else ""),
-                flush=True,
-            )
+            for shaped in [run_one] + ([run_scale_out] if args.web else []):
+                results.append(shaped(n, args, Path(tmp)))
+            for result in results[-(2 if args.web else 1) :]:
+                _print(n, result)
     return results
+
+
+def _print(n: int, result: Result) -> None:
+    print(
+        f"  {n} agents ({result.shape}): {result.joined} joined ({result.join_errors} failed), "
+        f"heartbeat p50 {result.heartbeat_p50_ms:.0f} / p99 {result.heartbeat_p99_ms:.0f}"
+        f" ms over {result.heartbeats}, /healthz p99 {result.healthz_p99_ms:.0f} ms, long-polls"
+        f" open {result.polls_open}, server {result.controller_cpu_cores:.2f} cores, PSS "
+        f"{result.pss_mb:.0f} MB in {result.processes} processes (load {result.load})"
+        + ("" if result.controller_alive else "; THE SERVER EXITED during the run")
+        + (f"; first error: {result.first_error}" if result.first_error else ""),
+        flush=True,
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -405,6 +513,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hold", type=float, default=35.0, help="seconds to run after the joins")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--logs", type=Path, help="keep each controller's log in this directory")
+    p.add_argument(
+        "--web",
+        type=int,
+        default=0,
+        help="also run each N on this many web processes (PostgreSQL and Redis)",
+    )
     return p
 
 
