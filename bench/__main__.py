@@ -184,6 +184,25 @@ def step_ingest(run: Run) -> None:
         run.add("ingest", "CPU per delivery, web + workers", cpu["web"] + cpu["workers"], "ms")
     run.add("ingest", "deliveries recorded exactly once", figures["recorded"], "",
             "deliveries sent", figures["sent"], "all")  # fmt: skip
+    if run.quick:
+        return
+    # The scale-out shape (4 web processes, PostgreSQL, Redis), the same load in the same run.
+    shaped = run.child(
+        "webhook_ingest-scale-out",
+        ["bench/webhook_ingest.py", "--concurrency", "16", "--deliveries", deliveries,
+         "--seconds", seconds, "--web", "4"],
+        timeout=900,
+    )  # fmt: skip
+    if isinstance(shaped, dict):
+        for level in shaped["levels"]:
+            c = level["concurrency"]
+            run.add("ingest", f"webhook deliveries/s, {c} connections, 4 web + PostgreSQL",
+                    level["zoomies_rate"], "/s", "single process, SQLite",
+                    figures["levels"][0]["zoomies_rate"])  # fmt: skip
+            run.add("ingest", f"webhook p99, {c} connections, 4 web + PostgreSQL",
+                    level["zoomies_p99_ms"], "ms")  # fmt: skip
+        run.add("ingest", "deliveries recorded exactly once, 4 web + PostgreSQL",
+                shaped["recorded"], "", "deliveries sent", shaped["sent"], "all")  # fmt: skip
 
 
 # Sizes of the queued-to-running steps (issue 12 item 5). The single jobs run one after

@@ -169,8 +169,10 @@ def _role(cmdline: str) -> str:
         return "workers"
     if "daphne" in cmdline or "zoomies_site.server" in cmdline:
         return "web"
-    if "qcluster" in cmdline:
+    if "qcluster" in cmdline or "cluster_child" in cmdline or "manage.py workers" in cmdline:
         return "workers"
+    if "manage.py web" in cmdline:
+        return "web"
     if "controller" in cmdline:
         return "controller"
     return "other"

@@ -31,9 +31,6 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +44,6 @@ if str(ROOT) not in sys.path:
 from bench._common import (  # noqa: E402
     CpuSampler,
     flush,
-    kill_session,
     load_average,
     machine,
     own_cpu,
@@ -56,8 +52,8 @@ from bench._common import (  # noqa: E402
     sigterm_raises,
     stop_controller,
 )
-from tests import postgres_databases  # noqa: E402
-from tests.e2e.harness import MANAGE, Controller, free_port  # noqa: E402
+from bench.scale_out import ScaleOut  # noqa: E402
+from tests.e2e.harness import Controller  # noqa: E402
 
 AGENT_API = "/api/v1/agent"
 MINT = (
@@ -265,76 +261,6 @@ async def healthz_probe(port: int, stop: asyncio.Event, totals: Totals) -> None:
     conn.close()
 
 
-POSTGRES_URL = os.environ.get("ZOOMIES_TEST_POSTGRES_URL", "postgres://root@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("ZOOMIES_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-class ScaleOut:
-    """The scale-out shape on this machine: `web` web processes on one port and one workers
-    process, over a PostgreSQL database of its own and a Redis prefix of its own, started
-    by one shell (the session leader, `process`) that waits on them."""
-
-    def __init__(self, data_dir: Path, web: int, max_per_client: int) -> None:
-        self.web = web
-        self.port = free_port()
-        self.database = postgres_databases.create(POSTGRES_URL)
-        self.log_path = data_dir / "scale-out.log"
-        self.env = {
-            **os.environ,
-            "ZOOMIES_DATA_DIR": str(data_dir),
-            "ZOOMIES_DATABASE_URL": self.database,
-            "ZOOMIES_REDIS_URL": REDIS_URL,
-            "ZOOMIES_REDIS_PREFIX": f"zoomies-bench-{os.getpid()}-{self.port}",
-            "ZOOMIES_SERVER_MAX_CONNECTIONS_PER_CLIENT": str(max_per_client),
-            "PYTHONUNBUFFERED": "1",
-        }
-        self.env.pop("ZOOMIES_DB", None)
-        self.process: subprocess.Popen | None = None
-
-    def manage(self, *args: str) -> str:
-        done = subprocess.run([sys.executable, MANAGE, *args], env=self.env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
-        if done.returncode != 0:
-            raise RuntimeError(f"manage.py {args[0]} failed: {done.stderr[-2000:]}")
-        return done.stdout
-
-    def start(self) -> None:
-        web = f"{shlex.quote(sys.executable)} {shlex.quote(str(MANAGE))} web --bind " \
-              f"127.0.0.1:{self.port} --reuse-port"  # fmt: skip
-        workers = f"{shlex.quote(sys.executable)} {shlex.quote(str(MANAGE))} workers"
-        script = " ".join([f"{web} &"] * self.web + [f"{workers} &", "wait"])
-        self.process = subprocess.Popen(
-            ["bash", "-c", script], env=self.env, cwd=ROOT, start_new_session=True,
-            stdout=self.log_path.open("w"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        deadline = time.monotonic() + 90
-        while not _healthy(self.port):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the web tier did not start: {self.log()}")
-            time.sleep(0.5)
-        time.sleep(2.0 + self.web)  # every web process listening, not only the first
-
-    def log(self) -> str:
-        if not self.log_path.exists():
-            return "(nothing started yet)"
-        return self.log_path.read_text(errors="replace")[-3000:]
-
-    def stop(self) -> None:
-        if self.process is not None:
-            kill_session(self.process.pid)
-            self.process.wait(30)
-        postgres_databases.drop(POSTGRES_URL, self.database.rsplit("/", 1)[1])
-
-
-def _healthy(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
-            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            return conn.recv(64).startswith(b"HTTP/1.1 200")
-    except OSError:
-        return False
-
-
 @dataclass
 class Result:
     agents: int
@@ -462,9 +388,11 @@ def run_one(n: int, args, tmp: Path) -> Result:
 
 def run_scale_out(n: int, args, tmp: Path) -> Result:
     data_dir = Path(tempfile.mkdtemp(prefix=f"agents{n}-web{args.web}-", dir=tmp))
-    shape = ScaleOut(data_dir, args.web, max_per_client=max(64, 4 * n))
+    shape = ScaleOut(
+        data_dir, args.web, env={"ZOOMIES_SERVER_MAX_CONNECTIONS_PER_CLIENT": str(max(64, 4 * n))}
+    )
     try:
-        shape.manage("migrate", "--verbosity", "0")
+        shape.prepare()
         tokens = shape.manage("shell", "-c", MINT.format(n=n)).split()
         tokens = [t for t in tokens if t.startswith("zjt_")]
         if len(tokens) != n:
@@ -472,13 +400,14 @@ def run_scale_out(n: int, args, tmp: Path) -> Result:
         shape.start()
         result = asyncio.run(drive(shape, tokens, args))
         result.controller_alive = shape.process is not None and shape.process.poll() is None
-        result.shape = f"{args.web} web + 1 workers, PostgreSQL + Redis"
+        result.shape = shape.shape
         return result
     except BaseException:
         print(f"scale-out log (tail):\n{shape.log()}", file=sys.stderr)
         raise
     finally:
         shape.stop()
+        shape.drop_database()
 
 
 def run(counts: list[int], args) -> list[Result]:

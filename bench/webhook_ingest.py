@@ -15,7 +15,10 @@ cluster that runs the reconcile passes each delivery wakes, the controller itsel
 this process, per delivery, counted until the controller is quiet again after each load.
 
     .venv/bin/python bench/webhook_ingest.py [--deliveries 500] [--concurrency 1 4 16]
-                                             [--postgres]
+                                             [--postgres] [--web N]
+
+`--web N` loads the scale-out shape instead (bench/scale_out.py: N web processes on one
+port and one workers process, PostgreSQL and Redis); "web" then counts all N.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from bench._common import (  # noqa: E402
     stop_controller,
     table,
 )
+from bench.scale_out import ScaleOut  # noqa: E402
 from runners.github.fake import FakeGitHub  # noqa: E402
 from tests.e2e.harness import Controller, free_port, wait_for  # noqa: E402
 
@@ -275,7 +279,15 @@ def main() -> int:
     parser.add_argument("--postgres", action="store_true", help=f"use {POSTGRES_URL}")
     parser.add_argument("--postgres-url", default=POSTGRES_URL, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--web",
+        type=int,
+        default=0,
+        help="the scale-out shape: this many web processes, PostgreSQL, Redis",
+    )
     args = parser.parse_args()
+    if args.web:
+        args.postgres = True
     sigterm_raises()
     if args.postgres:
         os.environ["ZOOMIES_DATABASE_URL"] = args.postgres_url
@@ -284,6 +296,8 @@ def main() -> int:
 
     print(f"machine: {machine()}")
     print(f"database: {'PostgreSQL' if args.postgres else 'SQLite (WAL)'}")
+    if args.web:
+        print(f"shape: {args.web} web processes + 1 workers, Redis")
     flush()
     with tempfile.TemporaryDirectory(prefix="zoomies-bench-ingest-") as tmp:
         return run(args, Path(tmp))
@@ -297,14 +311,14 @@ def run(args, tmp: Path) -> int:
     installation_id = fake.add_installation(account=ACCOUNT, repositories=[REPO])
     # A unique name: with PostgreSQL the harness names (and first drops) a database after it.
     data_dir = Path(tempfile.mkdtemp(prefix="ingest-", dir=tmp))
-    controller = Controller(
-        data_dir,
-        env={
-            "ZOOMIES_GITHUB_API_URL": fake.url,
-            "ZOOMIES_GITHUB_APP_ID": str(fake.app_id),
-            "ZOOMIES_GITHUB_PRIVATE_KEY_FILE": str(tmp / "app.pem"),
-            "ZOOMIES_GITHUB_WEBHOOK_SECRETS": SECRET,
-        },
+    github = {
+        "ZOOMIES_GITHUB_API_URL": fake.url,
+        "ZOOMIES_GITHUB_APP_ID": str(fake.app_id),
+        "ZOOMIES_GITHUB_PRIVATE_KEY_FILE": str(tmp / "app.pem"),
+        "ZOOMIES_GITHUB_WEBHOOK_SECRETS": SECRET,
+    }
+    controller = (
+        ScaleOut(data_dir, args.web, env=github) if args.web else Controller(data_dir, env=github)
     )
     floor = django_floor = cpu = None
     try:
@@ -434,6 +448,7 @@ def run(args, tmp: Path) -> int:
         if args.json:
             args.json.write_text(json.dumps({
                 "database": "postgresql" if args.postgres else "sqlite",
+                "web_processes": args.web or 1,
                 "recorded": recorded, "sent": len(sent), "ok": ok,
                 "levels": [
                     {
@@ -461,7 +476,10 @@ def run(args, tmp: Path) -> int:
                 server.stop()
         stop_controller(controller)
         fake.stop()
-        drop_postgres(controller)
+        if args.web:
+            controller.drop_database()
+        else:
+            drop_postgres(controller)
 
 
 if __name__ == "__main__":
