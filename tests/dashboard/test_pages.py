@@ -105,7 +105,7 @@ def test_esc29_the_capacity_page_shows_events_their_tries_and_pool_waits(
 ):
     """ESC-29: the last events with their tries, provision failures under their destination
     with the latest cause, and what each pool waits for."""
-
+    now = datetime.now(UTC)  # not the module's: the page reads the clock too (see `fleet`)
     reading = Reading(
         pool_id=fleet.pk, pool_name=fleet.name, host_selector=(), backend="process",
         platform=None, required_runner_slots=2, current_capacity=0, queued_job_count=1,
@@ -113,15 +113,15 @@ def test_esc29_the_capacity_page_shows_events_their_tries_and_pool_waits(
     )  # fmt: skip
     attempt = capacity_actions.start_attempt(
         type="capacity_demand", reading=reading, reason="every host is full",
-        destination_url="http://127.0.0.1:9/hook", now=NOW,
+        destination_url="http://127.0.0.1:9/hook", now=now,
     )  # fmt: skip
-    sent = capacity_actions.claim_try(attempt.pk, now=NOW, timeout=timedelta(seconds=10))
+    sent = capacity_actions.claim_try(attempt.pk, now=now, timeout=timedelta(seconds=10))
     capacity_actions.record_try(
         attempt.pk, sent.number, outcome="refused", status_code=503, error="receiver busy",
-        now=NOW, backoff=timedelta(seconds=10),
+        now=now, backoff=timedelta(seconds=10),
     )  # fmt: skip
     record_provision_failure(
-        "http://127.0.0.1:9/hook", cause="zoomies-spawn-q never joined", now=NOW, config=load()
+        "http://127.0.0.1:9/hook", cause="zoomies-spawn-q never joined", now=now, config=load()
     )
     client = signed_in(cast["viewer"])
     with django_assert_max_num_queries(PAGE_QUERIES):
