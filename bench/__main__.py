@@ -251,6 +251,23 @@ def step_queued(run: Run) -> None:
         run.add("queued", f"burst of {n}: last job running", burst["last_running_s"], "s")
         run.add("queued", f"burst of {n}: webhook answered p99", burst["delivered_p99_s"], "s")
         run.add("queued", f"burst of {n}: all completed", burst["total_s"], "s")
+    if run.quick:
+        return
+    # The same bursts on the scale-out shape (4 web processes, PostgreSQL, Redis, an agent
+    # process of its own), in the same run.
+    shaped = run.child(
+        "queued_to_running-scale-out",
+        ["bench/queued_to_running.py", "--singles", "0", "--bursts", *map(str, BURSTS),
+         "--timeout", "300", "--web", "4"],
+        timeout=900,
+    )  # fmt: skip
+    if isinstance(shaped, dict):
+        single = {b["size"]: b["last_handed_s"] for b in figures["bursts"]}
+        for burst in shaped["bursts"]:
+            n = burst["size"]
+            run.add("queued", f"burst of {n}, 4 web + PostgreSQL: last create handed out",
+                    burst["last_handed_s"], "s", "single process", single.get(n),
+                    BURST_TARGETS.get(n, ""))  # fmt: skip
 
 
 def step_docker(run: Run) -> None:

@@ -142,7 +142,7 @@ class Handouts:
 
     def __init__(self, controller: Controller) -> None:
         self.url = controller.env.get("ZOOMIES_DATABASE_URL")
-        self.path = controller.env["ZOOMIES_DB"]
+        self.path = controller.env.get("ZOOMIES_DB", "")
 
     def since(self, t0: float) -> list[float]:
         if self.url:

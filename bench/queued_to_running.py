@@ -85,7 +85,8 @@ from bench._common import (  # noqa: E402
 )
 from bench.engine import ContainerStarts, bare_runs, engine_or_reason  # noqa: E402
 from bench.marks import Handouts, ProcessWatch, TimedFake  # noqa: E402
-from runners.github.fake import server as fake_server  # noqa: E402
+from bench.scale_out import ScaleOut  # noqa: E402
+from runners.github.fake import core as fake_core  # noqa: E402
 from tests.e2e.harness import Controller, wait_for  # noqa: E402
 
 SECRET = "bench-secret"
@@ -134,14 +135,14 @@ def rig(args, tmp: Path, capacity: int, engine=None) -> Iterator[Rig]:
     key.write_text(fake.private_key_pem)
     # A unique name: with PostgreSQL the harness names (and first drops) a database after it.
     data_dir = Path(tempfile.mkdtemp(prefix=f"q2r{capacity}-", dir=tmp))
-    controller = Controller(
-        data_dir,
-        env={
-            "ZOOMIES_GITHUB_API_URL": fake.url,
-            "ZOOMIES_GITHUB_APP_ID": str(fake.app_id),
-            "ZOOMIES_GITHUB_PRIVATE_KEY_FILE": str(key),
-            "ZOOMIES_GITHUB_WEBHOOK_SECRETS": SECRET,
-        },
+    github = {
+        "ZOOMIES_GITHUB_API_URL": fake.url,
+        "ZOOMIES_GITHUB_APP_ID": str(fake.app_id),
+        "ZOOMIES_GITHUB_PRIVATE_KEY_FILE": str(key),
+        "ZOOMIES_GITHUB_WEBHOOK_SECRETS": SECRET,
+    }
+    controller = (
+        ScaleOut(data_dir, args.web, env=github) if args.web else Controller(data_dir, env=github)
     )
     fake.webhook_url = f"{controller.url}/webhooks/github"
     agent: subprocess.Popen | None = None
@@ -153,7 +154,22 @@ def rig(args, tmp: Path, capacity: int, engine=None) -> Iterator[Rig]:
         controller.manage(
             "add_installation", "--id", str(installation), "--account", ACCOUNT, "--repo", REPO
         )
-        if engine is None:
+        if engine is None and args.web:
+            # The scale-out shape has no embedded agent: one of its own, where ProcessWatch
+            # looks (<data dir>/agent), dialling the web tier.
+            watch = ProcessWatch(data_dir)
+            token = controller.manage("shell", "-c", JOIN_TOKEN).splitlines()[-1]
+            controller.start()
+            agent_log = (data_dir / "process-agent.log").open("w")
+            agent = subprocess.Popen(
+                [sys.executable, "-m", "fleet.agent", "--controller", controller.url,
+                 "--state-dir", str(data_dir / "agent"), "--name", "bench-process",
+                 "--capacity", str(capacity), "--backend", "process"],
+                cwd=ROOT, env={**os.environ, "ZOOMIES_JOIN_TOKEN": token},
+                stdout=agent_log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+            backend, image = "process", FAKE_RUNNER_IMAGE
+        elif engine is None:
             watch = ProcessWatch(data_dir)
             controller.start("--agent-capacity", str(capacity))
             backend, image = "process", FAKE_RUNNER_IMAGE
@@ -199,7 +215,10 @@ def rig(args, tmp: Path, capacity: int, engine=None) -> Iterator[Rig]:
         stop_controller(controller)
         fake.stop()
         kill_leftovers(str(data_dir))
-        drop_postgres(controller)
+        if args.web:
+            controller.drop_database()
+        else:
+            drop_postgres(controller)
 
 
 def wait_quiet(made: Rig) -> None:
@@ -571,6 +590,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
     p.add_argument("--postgres", action="store_true", help=f"use {POSTGRES_URL}")
+    p.add_argument(
+        "--web",
+        type=int,
+        default=0,
+        help="the scale-out shape: this many web processes, PostgreSQL, Redis",
+    )
     p.add_argument("--postgres-url", default=POSTGRES_URL, help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, help="also write the figures here")
     return p
@@ -582,15 +607,19 @@ def main(argv: list[str] | None = None) -> int:
     # runner's connections) a full queue drops a connect, and the client's SYN is retried a
     # second later, which stalls a whole pass: the fake, not the controller, would be
     # measured. GitHub does not drop connects, so the fake gets a real backlog unless told.
-    fake_server._Server.request_queue_size = args.fake_backlog
+    fake_core.Server.request_queue_size = args.fake_backlog
     sigterm_raises()
-    if args.postgres:
+    if args.web:
+        args.postgres = True  # the scale-out shape's own database (bench/scale_out.py)
+    elif args.postgres:
         os.environ["ZOOMIES_DATABASE_URL"] = args.postgres_url
     else:
         os.environ.pop("ZOOMIES_DATABASE_URL", None)
 
     print(f"machine: {machine()}")
     database = "PostgreSQL" if args.postgres else "SQLite (WAL)"
+    if args.web:
+        database += f", {args.web} web processes + 1 workers, Redis"
     print(f"database: {database}; backend: {args.backend}; burst job duration {args.duration} "
           f"s, single job {args.single_duration} s; warm-up job first: "
           f"{'yes' if args.warmup else 'no'}; delivery threads: {args.senders}; "

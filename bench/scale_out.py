@@ -61,6 +61,7 @@ class ScaleOut:
         self.manage("migrate", "--verbosity", "0")
         self.token = self.manage(
             "create_token", "--user", "bench", "--create-user", "--scope", "fleet:read",
+            "--scope", "fleet:write",
         ).splitlines()[-1]  # fmt: skip
 
     def start(self, *_controller_flags: str) -> ScaleOut:
