@@ -3,6 +3,8 @@ issue 24 (MACH-18, FAKE-05). The certificates are made once per test session."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -24,7 +26,10 @@ FAST = {"task_seconds": 0.02, "clone_seconds": 0.05}
 
 @cache
 def certificates() -> Certificates:
-    return make_certificates(Path(tempfile.mkdtemp(prefix="test-pve-")))
+    """Made once per process; their folder goes when the process ends."""
+    folder = Path(tempfile.mkdtemp(prefix="test-pve-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return make_certificates(folder)
 
 
 def serve(**fake_options: Any) -> FakeProxmoxServer:
