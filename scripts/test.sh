@@ -5,7 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 PY=.venv/bin/python
-export ZOOMIES_DATA_DIR="${ZOOMIES_DATA_DIR:-$(mktemp -d /tmp/zoomies-test.XXXXXX)}"
+if [ -z "${ZOOMIES_DATA_DIR:-}" ]; then
+    ZOOMIES_DATA_DIR="$(mktemp -d /tmp/zoomies-test.XXXXXX)"
+    trap 'rm -rf "$ZOOMIES_DATA_DIR"' EXIT  # ours: gone with the run
+fi
+export ZOOMIES_DATA_DIR
 # The suite starts hundreds of Python processes, and each xdist worker rewrites the asserts
 # of every test module: with bytecode cached (__pycache__, ignored by git) that is done once
 # rather than in every process, about 11 s of CPU per worker here. Some machines turn the
