@@ -44,7 +44,7 @@ from fleet.providers.proxmox.client import (
     Endpoint,
 )
 from fleet.providers.proxmox.discovery import Discovery, discover
-from fleet.providers.proxmox.provider import PRIVILEGES
+from fleet.providers.proxmox.provider import PRIVILEGES, PRIVILEGES_PVE8
 from zoomies_site.core import sealing
 
 SETUP_TTL = timedelta(minutes=30)
@@ -147,6 +147,7 @@ def enrollment_script(setup: ProviderSetup, capability: str, *, base_url: str) -
     values = {
         "@NAME@": setup.name,  # a DNS label: nothing to quote
         "@PRIVILEGES@": shlex.quote(" ".join(PRIVILEGES)),
+        "@PRIVILEGES_PVE8@": shlex.quote(" ".join(PRIVILEGES_PVE8)),
         "@TOKEN_PREFIX@": f"zoomies-{setup.name}",
         "@ENROLL_URL@": shlex.quote(enroll_url),
     }

@@ -12,6 +12,11 @@ ENDPOINT=${ZOOMIES_PVE_ENDPOINT:-https://$(hostname -f):8006}
 USER_ID=zoomies@pve
 ROLE=ZoomiesProvider
 PRIVS=@PRIVILEGES@
+# PVE 8 knows VM.Monitor, not PVE 9's VM.GuestAgent.Audit, and refuses a role naming either
+# where it does not exist.
+case "$(pveversion 2>/dev/null)" in
+  pve-manager/[1-8].*) PRIVS=@PRIVILEGES_PVE8@ ;;
+esac
 TOKEN_NAME=@TOKEN_PREFIX@-$(date +%Y%m%d%H%M%S)
 ENROLL_URL=@ENROLL_URL@
 

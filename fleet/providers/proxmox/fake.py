@@ -47,7 +47,8 @@ API = "/api2/json"
 ALL_PRIVILEGES = frozenset({
     "VM.Audit", "VM.Clone", "VM.Allocate", "VM.Config.Cloudinit", "VM.Config.CPU",
     "VM.Config.Memory", "VM.Config.Network", "VM.Config.Options", "VM.Config.HWType",
-    "VM.Config.Disk", "VM.PowerMgmt", "VM.Monitor", "Datastore.AllocateSpace",
+    "VM.Config.Disk", "VM.PowerMgmt", "VM.GuestAgent.Audit", "VM.GuestAgent.Unrestricted",
+    "Datastore.AllocateSpace",
     "Datastore.Audit", "Pool.Audit",
     "Pool.Allocate", "Sys.Audit", "Sys.Modify", "Permissions.Modify",
 })  # fmt: skip
@@ -85,6 +86,7 @@ class VM:
     started_at: float = 0.0
     hidden_for: int = 0  # resource listings still to leave it out of (a slow clone)
     halts: bool = False  # its guest powers off on its next boot
+    joins_pool: str = ""  # the pool a clone in progress joins when it ends
 
 
 @dataclass
@@ -280,13 +282,17 @@ class FakeProxmox:
         if privilege not in self.tokens[user][1]:
             raise Answer(403, f"Permission check failed ({path}, {privilege})")
 
+    def _need_any(self, user: str, path: str, privileges: tuple[str, ...]) -> None:
+        if not set(privileges) & self.tokens[user][1]:
+            raise Answer(403, f"Permission check failed ({path}, {'|'.join(privileges)})")
+
     # -- the API -------------------------------------------------------------------------------
 
     def _route(self, method: str, template: str, p: dict[str, str], user: str) -> Any:
         with self._lock:
             key = f"{method} {template}"
             if key == "GET /version":
-                return {"version": "8.3.0", "release": "8.3", "repoid": "fake"}
+                return {"version": "9.0.10", "release": "9.0", "repoid": "fake"}
             if key == "GET /cluster/resources":
                 return self._resources(p.get("type"), self.tokens[user][1])
             if key == "GET /cluster/nextid":
@@ -357,7 +363,8 @@ class FakeProxmox:
             return self._task_for(vm, "qmdestroy", user, self.task_seconds, self._deleted)
         if key in ("POST /nodes/{node}/qemu/{vmid}/agent/ping",
                    "GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces"):  # fmt: skip
-            self._need(user, where, "VM.Monitor")
+            # PVE 9 (qemu-server's agent API): either guest-agent privilege will do.
+            self._need_any(user, where, ("VM.GuestAgent.Audit", "VM.GuestAgent.Unrestricted"))
             up = vm.status == "running" and _enabled(vm.config.get("agent", "0"))
             if not up or time.monotonic() - vm.started_at < self.guest_agent_seconds:
                 raise Answer(500, "QEMU guest agent is not running")
@@ -468,7 +475,10 @@ class FakeProxmox:
             config["net0"] = re.sub(r"=([0-9A-F:]{17})", f"=BC:24:11:{newid % 256:02X}:00:02",
                                     config["net0"])  # fmt: skip
         name = p.get("name", f"Copy-of-VM-{source.name}")
-        vm = self.add_vm(newid, node=target, name=name, pool=p.get("pool", ""), config=config)
+        # The clone joins its pool only when its worker ends (qemu-server: add_vm_to_pool
+        # after the copy), so a clone in progress is in no pool.
+        vm = self.add_vm(newid, node=target, name=name, pool="", config=config)
+        vm.joins_pool = p.get("pool", "")
         vm.lock = "clone"
         vm.halts = self.faults.halt_first_boot
         if self.faults.hide_next_clone:
@@ -504,6 +514,12 @@ class FakeProxmox:
             privilege = CONFIG_PRIVILEGE.get(key) or {
                 "ipconfig": "VM.Config.Cloudinit", "net": "VM.Config.Network",
             }.get(stem, "VM.Config.Options")  # fmt: skip
+            if privilege == "VM.Config.Cloudinit":
+                # qemu-server's check_vm_modify_config_perm: a cloud-init key or an ipconfigN
+                # is allowed by either of the two.
+                self._need_any(user, f"/vms/{vm.vmid}",
+                               ("VM.Config.Cloudinit", "VM.Config.Network"))  # fmt: skip
+                continue
             self._need(user, f"/vms/{vm.vmid}", privilege)
         self._unlocked(vm)
         for key in (changes.pop("delete", "") or "").split(","):
@@ -554,6 +570,7 @@ class FakeProxmox:
 
     def _cloned(self, vm: VM) -> None:
         vm.lock = ""
+        vm.pool, vm.joins_pool = vm.joins_pool, ""
 
     def _started(self, vm: VM) -> None:
         if vm.status == "running":

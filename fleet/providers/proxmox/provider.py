@@ -67,12 +67,17 @@ PRIVILEGES = (
     "VM.Config.Options",  # name, tags, agent
     "VM.Config.HWType",  # smbios1: the seed URL
     "VM.PowerMgmt",  # start, stop
-    "VM.Monitor",  # the guest agent's ping and addresses
+    "VM.GuestAgent.Audit",  # the guest agent's ping and addresses (PVE 9)
     "Datastore.AllocateSpace",  # disks on the target storage
     "Datastore.Audit",  # the storages /cluster/resources lists (onboarding's discovery)
     "Pool.Audit",
     "Sys.Audit",  # a node's memory in /cluster/resources: without it, no room anywhere
 )
+# PVE 9 split VM.Monitor into the VM.GuestAgent.* privileges and dropped it (pve-devel,
+# 2025-07, "privileges: drop VM.Monitor"): on PVE 8 the old name is what grants the same
+# calls, and a role naming the new one cannot be made there.
+PVE8_EQUIVALENT = {"VM.GuestAgent.Audit": "VM.Monitor"}
+PRIVILEGES_PVE8 = tuple(PVE8_EQUIVALENT.get(p, p) for p in PRIVILEGES)
 
 
 @dataclass(frozen=True)
@@ -285,14 +290,21 @@ class ProxmoxProvider:
     def _node_with_room(self, nodes: Resources, spec: MachineSpec) -> str:
         wanted = spec.size.get("memory_mb", self.config.memory_mb) * MiB
         allowed = set(self.config.nodes)
-        free = {
-            str(n["node"]): int(n.get("maxmem", 0)) - int(n.get("mem", 0))
-            for n in nodes
+        online = [
+            n for n in nodes
             if n.get("status") == "online" and (not allowed or n["node"] in allowed)
-        }
+        ]  # fmt: skip
+        free = {str(n["node"]): int(n.get("maxmem", 0)) - int(n.get("mem", 0)) for n in online}
         roomy = {n: f for n, f in free.items() if f >= wanted}
         if not roomy:
-            seen = ", ".join(f"{n} {f // MiB} MiB free" for n, f in sorted(free.items()))
+            # A token without Sys.Audit sees nodes without their memory (pve-manager's
+            # Cluster.pm): say that, not "0 MiB free".
+            blind = {str(n["node"]) for n in online if not n.get("maxmem")}
+            seen = ", ".join(
+                f"{n} memory not visible (does the token lack Sys.Audit?)" if n in blind
+                else f"{n} {f // MiB} MiB free"
+                for n, f in sorted(free.items())
+            )  # fmt: skip
             raise Refused(f"no node has room for {wanted // MiB} MiB ({seen or 'no node online'})")
         return max(sorted(roomy), key=lambda n: roomy[n])
 
@@ -423,10 +435,14 @@ class ProxmoxProvider:
             pending = self._pending.get(identity)
         if pending is None or int(vm["vmid"]) != pending.vmid or self._mark_tags(vm):
             return vm
+        if vm.get("lock") == "clone":
+            # Still cloning: ours, busy. The mark is the one we asked for, and the pool the
+            # one we asked for too: PVE adds a clone to its pool only as the clone ends
+            # (qemu-server's clone worker), so a clone in progress is in none yet.
+            return {**vm, "tags": pending.spec.mark.controller, "pool": self.config.pool}
         if self.config.pool and vm.get("pool") != self.config.pool:
             return vm
         if vm.get("lock"):
-            # Still cloning: ours, busy. The mark is the one we asked for.
             return {**vm, "tags": pending.spec.mark.controller}
         self._apply_config(pending.spec, pending.vmid, str(vm["node"]))
         self._start(pending.vmid, str(vm["node"]))
@@ -468,7 +484,12 @@ class ProxmoxProvider:
         try:
             self.client.post(f"{base}/agent/ping")
             interfaces = self.client.get(f"{base}/agent/network-get-interfaces")
-        except ApiError:
+        except ApiError as exc:
+            if exc.status in (401, 403):
+                # A privilege missing is not a guest still booting (NOTES lists the two apart).
+                log.warning("%s: VM %s: the guest agent cannot be asked: %s",
+                            self.name, vm["vmid"], exc)  # fmt: skip
+                return "", f"guest agent not asked: {exc}"
             return "", "guest agent not up yet"  # not a fault: the guest is still booting
         for interface in (interfaces or {}).get("result", []):
             if interface.get("name") == "lo":
@@ -508,7 +529,7 @@ def missing_privileges(client: Client) -> Names:
     held: set[str] = set()
     for privileges in (granted or {}).values():
         held.update(p for p, v in privileges.items() if v)
-    return [p for p in PRIVILEGES if p not in held]
+    return [p for p in PRIVILEGES if p not in held and PVE8_EQUIVALENT.get(p) not in held]
 
 
 def _lock_timeout(error: Exception) -> bool:

@@ -22,7 +22,7 @@ from accounts.models import AuditLog
 from capacity import machines
 from fleet.models import AgentTask, Host, JoinToken, Machine, MachineProvider, ProviderSetup
 from fleet.providers.proxmox.fake import make_certificates
-from fleet.providers.proxmox.provider import PRIVILEGES, ProxmoxProvider
+from fleet.providers.proxmox.provider import PRIVILEGES, PRIVILEGES_PVE8, ProxmoxProvider
 from runners.housekeeping import housekeeping_step
 from tests.accounts.conftest import client_for
 from tests.fleet.providers import pve
@@ -148,7 +148,7 @@ echo '{"detail": "enrolled"}'
 SHIM_SECRET = "0b6c3e1a-5f0e-4c9e-9b7d-2a4f6d8e1c35"
 
 
-def run_script(api, capability: str, tmp_path: Path, server, **env: str):
+def run_script(api, capability: str, tmp_path: Path, server, shims=(), **env: str):
     """Fetch the script as `curl | sh` would and run it with `sh` in a temp dir, shims
     first on PATH and the fake's CA where /etc/pve would hold it."""
     fetched = Client().get(f"/machines/setup/{capability}/script")
@@ -157,7 +157,7 @@ def run_script(api, capability: str, tmp_path: Path, server, **env: str):
     bin_dir, log, pve_dir = tmp_path / "bin", tmp_path / "log", tmp_path / "etc-pve"
     for path in (bin_dir, log, pve_dir):
         path.mkdir(exist_ok=True)
-    for name, body in (("pveum", PVEUM), ("hostname", HOSTNAME), ("curl", CURL)):
+    for name, body in (("pveum", PVEUM), ("hostname", HOSTNAME), ("curl", CURL), *shims):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     (pve_dir / "pve-root-ca.pem").write_bytes(server.certificates.ca_file.read_bytes())
@@ -236,6 +236,22 @@ def test_mach21_a_rerun_keeps_the_user_and_role_and_defaults_to_the_nodes_name(
     (modify,) = [c for c in commands if c[:2] == ["role", "modify"]]
     assert sorted(modify[4].split()) == sorted(PRIVILEGES)
     assert json.loads(body)["endpoint"] == "https://pve1.example.com:8006"
+
+
+def test_mach21_on_pve8_the_role_names_vm_monitor_where_pve9_names_the_guest_agents(
+    api, server, tmp_path
+):
+    """PVE 8 has no VM.GuestAgent.Audit and refuses a role naming it; PVE 9 has no
+    VM.Monitor. The script asks `pveversion` which it is on."""
+    started = start(api)
+    pve8 = (
+        "pveversion",
+        "#!/bin/sh\necho 'pve-manager/8.3.0/c1689ccb1065a83b (running kernel: 6.8.12-4-pve)'\n",
+    )
+    commands, *_ = run_script(api, started["capability"], tmp_path, server, shims=[pve8])
+    (added,) = [c for c in commands if c[:2] == ["role", "add"]]
+    assert sorted(added[4].split()) == sorted(PRIVILEGES_PVE8)
+    assert "VM.Monitor" in added[4] and "VM.GuestAgent.Audit" not in added[4]
 
 
 def test_mach21_the_enroll_route_says_what_is_wrong_and_never_answers_500(api, server):

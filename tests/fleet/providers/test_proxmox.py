@@ -24,6 +24,7 @@ from fleet.providers.contract import (
 )
 from fleet.providers.proxmox.client import Endpoint
 from fleet.providers.proxmox.fake import make_certificates
+from fleet.providers.proxmox.provider import PRIVILEGES, PRIVILEGES_PVE8
 from tests.fleet.providers import pve
 
 OURS = Mark("zoomies-test-controller")
@@ -341,3 +342,48 @@ def test_mach18_the_seed_url_carries_the_code_percent_encoded():
     url = provider.seed_url(spec(code="a/b+c"))
     assert url == "https://ctl.example:8443/machines/seed/a%2Fb%2Bc/"
     assert base64.b64decode(base64.b64encode(url.encode())).decode() == url
+
+
+# -- issue 24: what the fakepve cross-check found (scripts/fakepve_crosscheck.py) -----------
+
+
+def test_mach18_pve9s_guest_agent_privilege_is_asked_for_and_pve8s_counts_the_same(strict):
+    """PVE 9 dropped VM.Monitor for VM.GuestAgent.Audit: the provider asks for the new
+    name, and a PVE 8 token holding the old one lacks nothing."""
+    provider = pve.provider(strict)
+    assert "VM.GuestAgent.Audit" in PRIVILEGES and "VM.Monitor" not in PRIVILEGES
+    assert "VM.Monitor" in PRIVILEGES_PVE8 and "VM.GuestAgent.Audit" not in PRIVILEGES_PVE8
+    strict.fake.refuse_privilege("VM.GuestAgent.Audit")
+    strict.fake.refuse_privilege("VM.GuestAgent.Unrestricted")
+    assert provider.missing_privileges() == ["VM.GuestAgent.Audit"]
+    strict.fake.tokens[pve.TOKEN_ID][1].add("VM.Monitor")  # as a PVE 8 role grants it
+    assert provider.missing_privileges() == []
+
+
+def test_mach18_a_guest_agent_the_token_may_not_ask_is_said_not_booting(strict):
+    """A 403 from the guest agent is a missing privilege, not a guest still booting."""
+    strict.fake.refuse_privilege("VM.GuestAgent.Audit")
+    strict.fake.refuse_privilege("VM.GuestAgent.Unrestricted")
+    observed = pve.provider(strict).create(spec())
+    assert observed.address == "" and "guest agent not asked" in observed.detail
+    assert "VM.GuestAgent.Audit" in observed.detail and "not up yet" not in observed.detail
+
+
+def test_mach18_a_clone_joins_its_pool_only_as_it_ends_and_is_ours_meanwhile(strict):
+    """PVE adds a clone to its pool when the clone worker ends: a lost clone answer's VM
+    is in no pool while it copies, and is still recognised as ours by the id asked for."""
+    strict.fake.clone_seconds = 0.6
+    strict.fake.lose_next("POST", r"/clone$")
+    provider = pve.provider(strict)
+    with pytest.raises(OutcomeUnknown):
+        provider.create(spec())
+    assert strict.fake.vm_named("zm-one").pool == ""  # copying: in no pool yet
+    busy = provider.inspect("zm-one")
+    assert (busy.power, busy.mark) == (Power.BUSY, OURS)
+    assert [o.identity for o in provider.list()] == []  # list() claims nothing unproved
+
+
+def test_mach18_a_token_that_cannot_see_node_memory_is_told_so(strict):
+    strict.fake.refuse_privilege("Sys.Audit")
+    with pytest.raises(Refused, match=r"memory not visible \(does the token lack Sys.Audit\?\)"):
+        pve.provider(strict).create(spec())
