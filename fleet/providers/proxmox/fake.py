@@ -33,6 +33,7 @@ import ssl
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -471,6 +472,8 @@ class FakeProxmox:
         if newid in self.vms:
             raise Answer(500, f"unable to create VM {newid}: config file already exists")
         config = {k: v for k, v in source.config.items() if k not in ("template", "tags")}
+        # A clone gets a system UUID of its own (qemu-server: "auto generate a new uuid").
+        config["smbios1"] = f"uuid={uuid.UUID(int=newid)}"
         if "net0" in config:  # a clone gets its own MAC
             config["net0"] = re.sub(r"=([0-9A-F:]{17})", f"=BC:24:11:{newid % 256:02X}:00:02",
                                     config["net0"])  # fmt: skip

@@ -399,10 +399,20 @@ class ProxmoxProvider:
         seed = self.seed_url(spec)
         if seed:
             serial = base64.b64encode(f"ds=nocloud;s={seed}".encode()).decode()
-            params["smbios1"] = f"serial={serial},base64=1"
+            # smbios1 is one value: keep the uuid PVE gave the clone, or every clone would
+            # lose its own system UUID to this write.
+            params["smbios1"] = f"{self._smbios_uuid(vmid, node)}serial={serial},base64=1"
         answer = self.client.post(f"/nodes/{node}/qemu/{vmid}/config", **params)
         if isinstance(answer, str) and answer.startswith("UPID:"):
             self.client.wait_task(answer)
+
+    def _smbios_uuid(self, vmid: int, node: str) -> str:
+        """The clone's `uuid=...,` field of smbios1 as PVE generated it, or ""."""
+        current = self.client.get(f"/nodes/{node}/qemu/{vmid}/config") or {}
+        for field_ in str(current.get("smbios1", "")).split(","):
+            if field_.startswith("uuid="):
+                return field_ + ","
+        return ""
 
     def seed_url(self, spec: MachineSpec) -> str:
         """The NoCloud seed the guest's cloud-init reads its user-data from: the controller,

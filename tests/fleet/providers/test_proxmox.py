@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import ssl
 import threading
+import uuid
 from urllib.parse import unquote
 
 import httpx
@@ -193,8 +194,10 @@ def test_mach18_a_machine_is_a_tagged_clone_in_our_pool_with_cloud_init_and_its_
     assert vm.config["ipconfig0"] == "ip=dhcp" and vm.config["net0"] == "virtio,bridge=vmbr0"
     assert unquote(vm.config["sshkeys"]).startswith("ssh-ed25519 AAAA")
     assert "%20" in vm.config["sshkeys"]
-    # The claim code reaches the guest without snippet storage: a NoCloud seed URL.
+    # The claim code reaches the guest without snippet storage: a NoCloud seed URL, beside
+    # the system UUID PVE gave the clone (smbios1 is one value: a write must keep it).
     assert "base64=1" in vm.config["smbios1"]
+    assert vm.config["smbios1"].startswith(f"uuid={uuid.UUID(int=vm.vmid)},serial=")
     assert strict.fake.seed_of(vm) == "https://ctl.example:8443/machines/seed/claim-code-1/"
     clone = next(r for r in strict.fake.requests if r["path"].endswith("/clone"))
     assert (
