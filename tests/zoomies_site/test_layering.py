@@ -89,6 +89,24 @@ def test_the_roof_contract_names_every_module_of_the_roof():
     assert set(roof["forbidden_modules"]) == modules
 
 
+def test_the_agent_contract_names_every_fleet_module_but_the_agent_and_the_protocol():
+    """The agent is a program of its own (ARCH-06): of fleet it may import only itself and
+    fleet.protocol. A fleet module missing from the contract's list would be importable from
+    the agent unnoticed (the list had missed ten before this test)."""
+    import tomllib  # noqa: PLC0415  # only this test reads pyproject.toml
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (agent,) = [c for c in config["contracts"] if c["id"] == "agent"]
+    fleet = ROOT / "fleet"
+    modules = {
+        f"fleet.{p.stem if p.is_file() else p.name}"
+        for p in fleet.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__")
+        or (p.is_dir() and (p / "__init__.py").exists())
+    } - {"fleet.agent", "fleet.protocol"}
+    assert {m for m in agent["forbidden_modules"] if m.startswith("fleet.")} == modules
+
+
 def import_circles() -> set[tuple[str, str]]:
     """Each pair of production modules that reach each other by imports, type-only and
     in-function imports included (grimp, import-linter's own graph)."""
