@@ -355,67 +355,48 @@ async def drive(controller: Controller, tokens: list[str], args) -> Result:
     )
 
 
-def run_one(n: int, args, tmp: Path) -> Result:
-    data_dir = Path(tempfile.mkdtemp(prefix=f"agents{n}-", dir=tmp))
+def run_one(n: int, args, tmp: Path, web: int = 0) -> Result:
+    """N agents on a fresh server: the single process (`web` 0, SQLite) or the scale-out
+    shape with `web` web processes (bench/scale_out.py)."""
+    data_dir = Path(tempfile.mkdtemp(prefix=f"agents{n}-web{web}-", dir=tmp))
     # Every agent here comes from 127.0.0.1 with two connections, where real hosts each have
     # an address of their own: lift the per-address connection cap out of the way.
-    controller = Controller(
-        data_dir, env={"ZOOMIES_SERVER_MAX_CONNECTIONS_PER_CLIENT": str(max(64, 4 * n))}
-    )
+    env = {"ZOOMIES_SERVER_MAX_CONNECTIONS_PER_CLIENT": str(max(64, 4 * n))}
+    server = ScaleOut(data_dir, web, env=env) if web else Controller(data_dir, env=env)
     try:
-        controller.prepare()
-        tokens = controller.manage("shell", "-c", MINT.format(n=n)).split()
+        server.prepare()
+        tokens = server.manage("shell", "-c", MINT.format(n=n)).split()
         tokens = [t for t in tokens if t.startswith("zjt_")]
         if len(tokens) != n:
             raise RuntimeError(f"minted {len(tokens)} join tokens of {n}")
-        controller.start("--no-agent")
+        server.start("--no-agent")
         time.sleep(2.0)  # let start-up passes finish
-        result = asyncio.run(drive(controller, tokens, args))
-        result.controller_alive = controller.process.poll() is None
+        result = asyncio.run(drive(server, tokens, args))
+        result.controller_alive = server.process is not None and server.process.poll() is None
+        if web:
+            result.shape = server.shape
         if args.logs:
-            # The controller's log, where a failed request says why.
+            # The server's log, where a failed request says why.
             args.logs.mkdir(parents=True, exist_ok=True)
-            (args.logs / f"agents-{n}-controller.log").write_text(
-                controller.log_path.read_text(errors="replace")
+            (args.logs / f"agents-{n}-web{web}.log").write_text(
+                server.log_path.read_text(errors="replace")
             )
         return result
     except BaseException:
-        print(f"controller log (tail):\n{controller.log()}", file=sys.stderr)
+        print(f"server log (tail):\n{server.log()}", file=sys.stderr)
         raise
     finally:
-        stop_controller(controller)
-
-
-def run_scale_out(n: int, args, tmp: Path) -> Result:
-    data_dir = Path(tempfile.mkdtemp(prefix=f"agents{n}-web{args.web}-", dir=tmp))
-    shape = ScaleOut(
-        data_dir, args.web, env={"ZOOMIES_SERVER_MAX_CONNECTIONS_PER_CLIENT": str(max(64, 4 * n))}
-    )
-    try:
-        shape.prepare()
-        tokens = shape.manage("shell", "-c", MINT.format(n=n)).split()
-        tokens = [t for t in tokens if t.startswith("zjt_")]
-        if len(tokens) != n:
-            raise RuntimeError(f"minted {len(tokens)} join tokens of {n}")
-        shape.start()
-        result = asyncio.run(drive(shape, tokens, args))
-        result.controller_alive = shape.process is not None and shape.process.poll() is None
-        result.shape = shape.shape
-        return result
-    except BaseException:
-        print(f"scale-out log (tail):\n{shape.log()}", file=sys.stderr)
-        raise
-    finally:
-        shape.stop()
-        shape.drop_database()
+        stop_controller(server)
+        if web:
+            server.drop_database()
 
 
 def run(counts: list[int], args) -> list[Result]:
     results = []
     with tempfile.TemporaryDirectory(prefix="zoomies-bench-agents-") as tmp:
         for n in counts:
-            for shaped in [run_one] + ([run_scale_out] if args.web else []):
-                results.append(shaped(n, args, Path(tmp)))
+            for web in [0] + ([args.web] if args.web else []):
+                results.append(run_one(n, args, Path(tmp), web))
             for result in results[-(2 if args.web else 1) :]:
                 _print(n, result)
     return results
