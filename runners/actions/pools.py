@@ -223,12 +223,7 @@ def make_auto_pool(
     pool.full_clean(validate_unique=False)
     with transaction.atomic(durable=True):
         pool.save()
-        audit.record(
-            actor=actor, action="pool.auto_create", target=pool,
-            detail={"auto_key": auto_key, **_auto_detail(owned)}, at=now,
-        )  # fmt: skip
-        emit("pool.created", pool, at=now)
-        _wake()
+        _recorded(pool, "created", {"auto_key": auto_key, **owned}, actor=actor, now=now)
     return pool
 
 
@@ -255,14 +250,15 @@ def apply_auto_shape(
         if not changed:
             return False
         pool = Pool.objects.get(pk=pool_id)
-        audit.record(
-            actor=actor, action="pool.auto_update", target=pool,
-            detail={"reason": reason, **_auto_detail(owned)}, at=now,
-        )  # fmt: skip
-        emit("pool.updated", pool, at=now)
-        _wake()
+        _recorded(pool, "updated", {"reason": reason, **owned}, actor=actor, now=now)
     return True
 
 
-def _auto_detail(owned: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in owned.items()}
+def _recorded(pool: Pool, what: str, detail: dict[str, Any], *, actor: str, now: datetime) -> None:
+    """An automatic pool's write, inside its transaction: the audit row (pool.auto_create or
+    pool.auto_update), the event the dashboard follows, and a pass after commit."""
+    plain = {k: v.isoformat() if isinstance(v, datetime) else v for k, v in detail.items()}
+    action = "pool.auto_create" if what == "created" else "pool.auto_update"
+    audit.record(actor=actor, action=action, target=pool, detail=plain, at=now)
+    emit(f"pool.{what}", pool, at=now)
+    _wake()
