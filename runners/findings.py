@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 
-from runners.models import NON_EPHEMERAL_UNSUPPORTED, Pool
+from runners.models import Pool
 from zoomies_site.core.findings import Finding, warning
 
 
@@ -23,10 +23,9 @@ def pool_findings(pools: Iterable[Any]) -> list[Finding]:
             out.append(
                 warning(
                     f"config.pool_not_ephemeral:{name}",
-                    f"Pool {name} is not ephemeral, and gets no runners",
-                    f"Zoomies does not run non-ephemeral pools yet ({NON_EPHEMERAL_UNSUPPORTED}); "
-                    "and such runners take job after job, so one workflow's files, credentials "
-                    "and processes could reach the next.",
+                    f"Pool {name} is not ephemeral: its runners are reused",
+                    "A non-ephemeral runner takes job after job, so one workflow's files, "
+                    "credentials and processes could reach the next.",
                     f"Make pool {name} ephemeral.",
                 )
             )

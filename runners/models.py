@@ -29,11 +29,11 @@ MAX_IDLE_TIMEOUT = timedelta(days=30)
 MAX_RUNNER_GROUP_ID = 2**31 - 1
 MAX_ENV_VARS = 100
 MAX_ENV_VALUE = 4096
-# Issue 8 item 9: a non-ephemeral runner needs `config.sh` run once with the web URL and
-# deregistering on removal; nothing does that yet, so such a pool is refused, not half run.
-NON_EPHEMERAL_UNSUPPORTED = (
-    "non-ephemeral pools are not supported yet: nothing runs config.sh for their runners, "
-    "so they would never come online; make the pool ephemeral"
+# SCHED-15: a non-ephemeral runner runs `config.sh` with a registration token, and config.sh
+# names a runner group by name, not by the id a pool keeps: such pools use the default group.
+NON_EPHEMERAL_DEFAULT_GROUP = (
+    "a non-ephemeral pool's runners join the default runner group (config.sh names a group, "
+    "the pool keeps its id): set runner_group_id to 1"
 )
 _REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/(?!\.\.?$)[A-Za-z0-9_.-]+")
 _PLATFORM = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?")
@@ -205,8 +205,8 @@ def pool_errors(values: Mapping[str, Any]) -> dict[str, list[str]]:
         not isinstance(idle, timedelta) or not timedelta(0) <= idle <= MAX_IDLE_TIMEOUT
     ):
         add("idle_timeout", ["idle_timeout must be between 0 and 30 days (0 or blank: never)"])
-    if get("ephemeral", True) is not True:
-        add("ephemeral", [NON_EPHEMERAL_UNSUPPORTED])
+    if get("ephemeral", True) is False and get("runner_group_id", 1) != 1:
+        add("runner_group_id", [NON_EPHEMERAL_DEFAULT_GROUP])
     if get("dind", False) and backend not in naming.CONTAINER_BACKENDS:
         add("dind", ["dind needs a container backend (docker or podman)"])
     return errors

@@ -38,8 +38,9 @@ from runners.actions.installations import note_mint_failure, note_mint_success
 from runners.github.config import get_app
 from runners.github.errors import RateLimited
 from runners.github.labels import runner_labels
+from runners.github.manifest import web_base
 from runners.github.programs import process_program
-from runners.models import NON_EPHEMERAL_UNSUPPORTED, Installation, Job, Pool, Runner
+from runners.models import Installation, Job, Pool, Runner
 from runners.poller import stand_down, under_standdown
 from runners.pool_views import read_pools
 from runners.registrations import check_online, deregister_failed, registration_target
@@ -365,8 +366,25 @@ def _mint(app, create, pool: Pool, installation: Installation, image: str) -> _M
         )
         env = {"ACTIONS_RUNNER_INPUT_JITCONFIG": jit.encoded_jit_config}
         return _Minted(create, pool, installation, name, env, jit.runner_id)
-    # A registration token would be spent for a runner nothing configures (issue 8 item 9).
-    raise ValueError(f"pool {pool.name}: {NON_EPHEMERAL_UNSUPPORTED}")
+    # SCHED-15: a registration token for config.sh, which the runner's entrypoint runs once
+    # with the web URL of where it registers (on GHES the host, never its /api/v3).
+    token, _expires = client.registration_token(**target)
+    where = target.get("repo") or target["org"]
+    env = {
+        RUNNER_URL_ENV: f"{web_base(app.base_url)}/{where}",
+        RUNNER_TOKEN_ENV: token,
+        RUNNER_NAME_ENV: name,
+        RUNNER_LABELS_ENV: ",".join(labels),
+    }
+    # Its registration id is learnt from GitHub's list by name once it is online.
+    return _Minted(create, pool, installation, name, env, None)
+
+
+# What docker/runner/zoomies-entrypoint.sh (and the fake runner) give config.sh.
+RUNNER_URL_ENV = "ZOOMIES_RUNNER_URL"
+RUNNER_TOKEN_ENV = "ZOOMIES_RUNNER_TOKEN"  # noqa: S105  # a variable's name, not a secret
+RUNNER_NAME_ENV = "ZOOMIES_RUNNER_NAME"
+RUNNER_LABELS_ENV = "ZOOMIES_RUNNER_LABELS"
 
 
 DOCKER_WAIT_ENV = "ZOOMIES_DOCKER_WAIT"  # read by docker/runner/zoomies-entrypoint.sh

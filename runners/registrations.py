@@ -23,11 +23,15 @@ from datetime import datetime, timedelta
 from django.db.models import Q
 
 from runners.actions.installations import note_online_check
-from runners.actions.lifecycle import note_registration_gone, note_runner_online
+from runners.actions.lifecycle import (
+    note_registration_gone,
+    note_registration_id,
+    note_runner_online,
+)
 from runners.github.errors import GitHubError, RateLimited
 from runners.models import Installation, Pool, Runner
 from runners.poller import stand_down, under_standdown
-from runners.states import RunnerState
+from runners.states import LIVE_STATES, RunnerState
 from zoomies_site.core import registry
 
 log = logging.getLogger("zoomies.reconcile")
@@ -61,11 +65,13 @@ def _target(runner: Runner, installation: Installation) -> dict[str, str] | None
 def check_online(now: datetime, app) -> list[str]:
     """Stamp the runners GitHub now shows online (idle if still registering); one line each."""
     waiting = (
-        Runner.objects.filter(
-            online_at__isnull=True,
-            state__in=AWAITING_ONLINE,
-            github_runner_id__isnull=False,
-            installation__active=True,
+        Runner.objects.filter(installation__active=True)
+        .filter(
+            Q(online_at__isnull=True, state__in=AWAITING_ONLINE)
+            & (Q(github_runner_id__isnull=False) | Q(ephemeral=False))
+            # A config.sh runner's registration id is learnt here, by its name (SCHED-15),
+            # whenever it is not known yet: it may take a job before any check sees it.
+            | Q(ephemeral=False, github_runner_id__isnull=True, state__in=LIVE_STATES)
         )
         .select_related("pool", "installation")
         .order_by("pk")
@@ -86,16 +92,27 @@ def check_online(now: datetime, app) -> list[str]:
         client = app.for_installation(installation.github_id)
         try:
             for target_items, group in by_target.items():
-                listed = {
-                    reg.get("id"): reg
-                    for reg in client.list_runners(**dict(target_items))
-                    if isinstance(reg, dict)
-                }
+                registrations = [
+                    r for r in client.list_runners(**dict(target_items)) if isinstance(r, dict)
+                ]
+                listed = {reg.get("id"): reg for reg in registrations}
+                named = {reg.get("name"): reg for reg in registrations}
                 for runner in group:
-                    reg = listed.get(runner.github_runner_id)
-                    if reg is None or not (reg.get("status") == "online" or reg.get("busy")):
+                    reg = (
+                        listed.get(runner.github_runner_id)
+                        if runner.github_runner_id is not None
+                        else named.get(runner.name)
+                    )
+                    if reg is None:
                         continue
-                    if note_runner_online(runner, now=now, actor=ACTOR):
+                    if runner.github_runner_id is None and isinstance(reg.get("id"), int):
+                        note_registration_id(runner, reg["id"])
+                    online = reg.get("status") == "online" or reg.get("busy")
+                    if (
+                        online
+                        and runner.online_at is None
+                        and note_runner_online(runner, now=now, actor=ACTOR)
+                    ):
                         lines.append(f"{runner.name}: GitHub shows it online")
         except RateLimited as exc:
             until = stand_down(installation, exc, now=now, by="reconcile")
@@ -114,10 +131,15 @@ def deregister_failed(now: datetime, app) -> list[str]:
     failed = (
         Runner.objects.filter(
             state__in=[RunnerState.FAILED, RunnerState.REMOVED],
-            failed_at__gte=now - interval,
             github_runner_id__isnull=False,
             deregistered_at__isnull=True,
             installation__active=True,
+        )
+        # A failed runner, or a non-ephemeral one taken away (SCHED-15: its registration
+        # outlives its process, where an ephemeral one's goes with its one job).
+        .filter(
+            Q(failed_at__gte=now - interval)
+            | Q(ephemeral=False, state=RunnerState.REMOVED, finished_at__gte=now - interval)
         )
         .filter(Q(drain_deferred_until__isnull=True) | Q(drain_deferred_until__lte=now))
         .select_related("pool", "installation")
@@ -145,8 +167,9 @@ def deregister_failed(now: datetime, app) -> list[str]:
             continue
         retry = now + interval if answer == "busy" else None
         note_registration_gone(runner, now=now, actor=ACTOR, answer=answer, retry_at=retry)
+        ended = "failed" if runner.failed_at else "removed"
         if answer == "deleted":
-            lines.append(f"{runner.name}: failed, so its registration was deleted at GitHub")
+            lines.append(f"{runner.name}: {ended}, so its registration was deleted at GitHub")
         elif answer == "busy":
-            lines.append(f"{runner.name}: failed, but GitHub says it is running a job")
+            lines.append(f"{runner.name}: {ended}, but GitHub says it is running a job")
     return lines

@@ -56,4 +56,16 @@ if [ -n "${DOCKER_HOST:-}" ]; then
     fi
 fi
 
+# A non-ephemeral pool's runner (SCHED-15): configured once with its registration token, at
+# the web URL of where it registers, with exactly the pool's labels, then run as usual. An
+# ephemeral runner carries its JIT configuration instead and skips this.
+if [ -n "${ZOOMIES_RUNNER_TOKEN:-}" ] && [ -z "${ACTIONS_RUNNER_INPUT_JITCONFIG:-}" ]; then
+    token=$ZOOMIES_RUNNER_TOKEN
+    unset ZOOMIES_RUNNER_TOKEN  # not for the jobs to read
+    say "configuring ${ZOOMIES_RUNNER_NAME} at ${ZOOMIES_RUNNER_URL}"
+    ./config.sh --unattended --url "$ZOOMIES_RUNNER_URL" --token "$token" \
+        --name "$ZOOMIES_RUNNER_NAME" --labels "$ZOOMIES_RUNNER_LABELS" --no-default-labels \
+        --replace --disableupdate || { say "config.sh failed"; exit 78; }
+fi
+
 exec "$@"

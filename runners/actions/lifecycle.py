@@ -167,6 +167,16 @@ def defer_idle_drain(
     return bool(moved)
 
 
+def note_registration_id(runner: Runner, github_runner_id: int) -> bool:
+    """A config.sh runner's registration id, found at GitHub by its name (SCHED-15): kept
+    once, for its deregistration. True if this call kept it."""
+    kept = Runner.objects.filter(pk=runner.pk, github_runner_id__isnull=True).update(
+        github_runner_id=github_runner_id
+    )
+    runner.github_runner_id = github_runner_id
+    return bool(kept)
+
+
 def note_runner_online(runner: Runner, *, now: datetime, actor: str) -> bool:
     """GitHub shows the runner's registration online (issue 29 item 1): stamp `online_at`
     once, and a runner still registering becomes idle. A runner is idle only once GitHub

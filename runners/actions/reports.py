@@ -106,6 +106,12 @@ def _ran_on(report: protocol.RunnerReport) -> bool:
     return report.phase == "running" or (report.phase == "exited" and report.exit_code is not None)
 
 
+def _taken_away(runner: Runner) -> bool:
+    """A draining runner whose registration GitHub confirmed deleted: its end, whatever its
+    code (the listener's "registration removed" 1, or the stop's signal), is the drain's."""
+    return runner.state == RunnerState.DRAINING and runner.deregistered_at is not None
+
+
 def _apply_report(
     runner: Runner, report: protocol.RunnerReport, *, now: datetime, actor: str
 ) -> None:
@@ -135,6 +141,14 @@ def _apply_report(
         transition_runner(
             runner.pk, RunnerState.REMOVED, now=now, actor=actor, reason="the workload exited"
         )
+    elif live and state == "failed" and _taken_away(runner):
+        # An idle runner is drained by deleting its registration first, then stopped; its
+        # listener ends with 1 (actions/runner's TerminatedError, "registration removed") or
+        # by the stop's signal, as the drain meant it to: taken away, not a failure of it.
+        transition_runner(
+            runner.pk, RunnerState.REMOVED, now=now, actor=actor,
+            reason="the workload exited as its registration was deleted to drain it",
+        )  # fmt: skip
     elif live and state == "failed":
         if not message:
             message = (

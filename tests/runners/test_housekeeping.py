@@ -120,3 +120,22 @@ def test_run10_a_failed_runner_stays_listed_with_its_message_for_the_retention_t
 
     tick(host, T0 + timedelta(minutes=10))
     assert not exists(runner), "removed at the end of its retention, then reaped"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("code", [1, 143])
+def test_sched15_a_drained_runner_whose_registration_was_deleted_ends_removed_not_failed(code):
+    """An idle runner is drained by deleting its registration, then stopped: its listener's
+    "registration removed" 1, or the stop's SIGTERM, is the drain taking it away. The same
+    end of a runner nobody deregistered is still a failure."""
+    host, _ = join("h1")
+    taken, lost = make_runner(host, "draining"), make_runner(host, "draining")
+    Runner.objects.filter(pk=taken.pk).update(deregistered_at=T0)
+    for runner in (taken, lost):
+        apply_reports(host=host, now=later(5), reports=[
+            {"runner_id": runner.pk, "state": "failed", "phase": "exited", "exit_code": code},
+        ])  # fmt: skip
+    taken.refresh_from_db()
+    lost.refresh_from_db()
+    assert (taken.state, lost.state) == ("removed", "failed")
+    assert taken.exit_code == code and taken.failed_at is None

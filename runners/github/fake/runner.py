@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 ENV_JITCONFIG = "ACTIONS_RUNNER_INPUT_JITCONFIG"
+# A non-ephemeral pool's runner: what the production entrypoint hands config.sh.
+ENV_RUNNER_URL, ENV_RUNNER_TOKEN = "ZOOMIES_RUNNER_URL", "ZOOMIES_RUNNER_TOKEN"
+ENV_RUNNER_NAME, ENV_RUNNER_LABELS = "ZOOMIES_RUNNER_NAME", "ZOOMIES_RUNNER_LABELS"
 VERSION = "2.329.0"
 
 EXIT_SUCCESS = 0
@@ -295,11 +298,49 @@ class FakeRunner:
                 delay = min(delay * 2, 2.0)
 
 
+def configure(environ: MutableMapping[str, str]) -> str | None:
+    """config.sh, the fake's way (a non-ephemeral pool, SCHED-15): register with the token
+    at the web URL's host and get this runner's settings, encoded as a JIT config is. None
+    when the environment carries no registration token."""
+    token = environ.pop(ENV_RUNNER_TOKEN, "")
+    if not token:
+        return None
+    url = environ.get(ENV_RUNNER_URL, "")
+    parts = urllib.parse.urlsplit(url)
+    body = json.dumps({
+        "url": url, "token": token, "name": environ.get(ENV_RUNNER_NAME, ""),
+        "labels": [x for x in environ.get(ENV_RUNNER_LABELS, "").split(",") if x],
+        "ephemeral": False,
+    }).encode()  # fmt: skip
+    conn_class = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    )
+    conn = conn_class(parts.netloc, timeout=30)
+    try:
+        conn.request("POST", "/_runner/register", body, {"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        payload = json.loads(answer.read() or b"{}")
+    finally:
+        conn.close()
+    if answer.status != 201:
+        raise ConfigError(f"config.sh: {url} refused the registration ({answer.status}: "
+                          f"{payload.get('message', '')})")  # fmt: skip
+    print(f"[fake-runner] configured at {url} as {environ.get(ENV_RUNNER_NAME, '')}", flush=True)
+    return str(payload["encoded_jit_config"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: read the config, run until the one job is done, return the exit code."""
+    """Entry point: read the config (or configure with a registration token), run until the
+    one job is done (ephemeral) or until stopped, return the exit code."""
     encoded = read_jit_config(sys.argv[1:] if argv is None else argv, os.environ)
+    try:
+        encoded = encoded or configure(os.environ)
+    except (ConfigError, OSError, ValueError) as exc:
+        print(f"[fake-runner] {exc}; exiting", flush=True)
+        return EXIT_TERMINATED
     if not encoded:
-        print("[fake-runner] no JIT config (--jitconfig or ACTIONS_RUNNER_INPUT_JITCONFIG)")
+        print("[fake-runner] no JIT config (--jitconfig or ACTIONS_RUNNER_INPUT_JITCONFIG) "
+              "and no registration token (ZOOMIES_RUNNER_TOKEN)")  # fmt: skip
         return EXIT_TERMINATED
     try:
         config = decode_jit_config(encoded)

@@ -19,7 +19,12 @@ from runners.github.fake.core import (
     Response,
 )
 from runners.github.fake.deliveries import emit
-from runners.github.fake.runners_api import remove_runner, runner_json, runner_online
+from runners.github.fake.runners_api import (
+    register_runner,
+    remove_runner,
+    runner_json,
+    runner_online,
+)
 from runners.github.fake.state import FakeState, Job, Runner
 
 
@@ -89,6 +94,11 @@ def finish(state: FakeState, job: Job, conclusion: str) -> None:
 def runner_route(state: FakeState, req: Request) -> Response:
     """Answer a `/_runner/` request."""
     path, method = req.path, req.method
+    if path == "/_runner/register" and method == "POST":
+        body = req.json()
+        with state.lock:
+            encoded = register_runner(state, body if isinstance(body, dict) else {})
+        return Response(201, {"encoded_jit_config": encoded})
     if path == "/_runner/sessions" and method == "POST":
         return _open_session(state, req)
     if path == "/_runner/sessions" and method == "DELETE":
@@ -118,8 +128,9 @@ def _open_session(state: FakeState, req: Request) -> Response:
         if ALL_RUNNERS in state.held_offline or runner.name in state.held_offline:
             # It cannot reach GitHub: the registration stays offline, nothing is used up.
             raise HttpError(503, "Service Unavailable")
-        if runner.session_used:
-            # A JIT config is single-use: its runner may open one session, ever.
+        if runner.session_used and runner.ephemeral:
+            # A JIT config is single-use: its runner may open one session, ever (a config.sh
+            # runner keeps its credentials and opens one again after a restart).
             raise HttpError(409, "This JIT configuration has already been used")
         runner.session = secrets.token_urlsafe(24)
         runner.session_used = True

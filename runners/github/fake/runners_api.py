@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import secrets
 import string
+import urllib.parse
 import uuid
 from typing import Any
 
@@ -107,10 +108,49 @@ def _encode_jit_config(state: FakeState, runner: Runner, work_folder: str) -> st
 
 
 def registration_token(state: FakeState, req: Request) -> Response:
-    runner_scope(state, req)
+    scope = runner_scope(state, req)
     token = "".join(secrets.choice(string.ascii_uppercase + string.digits) for _ in range(29))
-    # Registration and remove tokens live one hour (spec description).
-    return Response(201, {"token": token, "expires_at": iso(state.clock() + 3600)})
+    # Registration and remove tokens live one hour (spec description); config.sh spends one
+    # at /_runner/register (runner_protocol.py), for this scope only.
+    expires = state.clock() + 3600
+    state.registration_tokens[token] = (scope, expires, req.installation_id or 0)
+    return Response(201, {"token": token, "expires_at": iso(expires)})
+
+
+def register_runner(state: FakeState, body: dict[str, Any]) -> str:
+    """What config.sh does with a registration token (SCHED-15), the fake's way: the web URL
+    names where the runner registers (github.com/ORG or /OWNER/REPO, never an API path),
+    which must be the token's scope; the runner is made non-ephemeral unless asked, and its
+    settings come back as a JIT configuration's would (the fake runner reads either)."""
+    token = str(body.get("token") or "")
+    held = state.registration_tokens.get(token)
+    if held is None or held[1] <= state.clock():
+        raise HttpError(404, "Not Found: the registration token is unknown or expired")
+    scope, _expires, installation_id = held
+    path = urllib.parse.urlsplit(str(body.get("url") or "")).path.strip("/").lower()
+    parts = path.split("/")
+    asked = ("org", parts[0]) if len(parts) == 1 else ("repo", path) if len(parts) == 2 else None
+    if asked != scope:
+        raise HttpError(400, f"The URL {body.get('url')!r} is not where this token registers")
+    name = str(body.get("name") or "")
+    labels = body.get("labels")
+    if not name or not isinstance(labels, list):
+        raise HttpError(422, "Invalid request: name and labels are required")
+    if any(r.scope == scope and r.name.lower() == name.lower() for r in state.runners.values()):
+        raise HttpError(409, f"Already exists - A runner with the name {name} already exists.")
+
+    def label_id(label: str) -> int:
+        return state.label_ids.setdefault(label.lower(), next(state.ids["label"]))
+
+    runner = Runner(
+        id=next(state.ids["runner"]), name=name, installation_id=installation_id, scope=scope,
+        # config.sh --no-default-labels --labels: exactly those, as a JIT runner gets.
+        labels=shapes.runner_labels([str(label) for label in labels], label_id),
+        secret=secrets.token_urlsafe(24), ephemeral=bool(body.get("ephemeral", False)),
+    )  # fmt: skip
+    state.runners[runner.id] = runner
+    state.changed.notify_all()
+    return _encode_jit_config(state, runner, "_work")
 
 
 def _scoped_runners(state: FakeState, req: Request) -> list[Runner]:

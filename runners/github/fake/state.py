@@ -210,6 +210,9 @@ class FakeState:
         self.tokens: dict[str, Token] = {}
         self.runners: dict[int, Runner] = {}
         self.sessions: dict[str, int] = {}
+        # Registration tokens handed out, for config.sh: token -> (scope, expires at, the
+        # installation whose token asked).
+        self.registration_tokens: dict[str, tuple[tuple[str, str], float, int]] = {}
         # hold_runners_offline: runners that cannot reach GitHub (their sessions answer 503),
         # by name; ALL_RUNNERS holds every one.
         self.held_offline: set[str] = set()

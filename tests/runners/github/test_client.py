@@ -17,7 +17,6 @@ from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -26,6 +25,7 @@ from runners.github.client import GitHubApp, InstallationClient, JitConfig
 from runners.github.errors import Conflict, GitHubError, NotFound, RateLimited, TransportError
 from runners.github.fake import FakeGitHub
 from runners.github.fake.runner import FakeRunner, decode_jit_config
+from tests.ghes_proxy import PrefixProxy
 from tests.runners.github.conftest import RecordingTransport
 
 LABELS = ["self-hosted", "linux", "x64", "zoomies-linux-x64"]
@@ -381,59 +381,6 @@ def test_fake03_every_operation_the_client_uses_answers_in_githubs_shape(
 
 
 # -- GHES, and servers that misbehave --------------------------------------------------------
-
-
-class PrefixProxy:
-    """The fake behind `/api/v3`, as GHES serves its API; Link headers rewritten to match."""
-
-    HOP = {"connection", "transfer-encoding", "content-length", "keep-alive", "host"}
-
-    def __init__(self, fake: FakeGitHub, prefix: str = "/api/v3") -> None:
-        self.paths: list[str] = []
-        upstream = httpx.Client(base_url=fake.url, timeout=10)
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def _forward(self) -> None:
-                proxy.paths.append(self.path)
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if not self.path.startswith(prefix + "/"):
-                    answer = httpx.Response(404, json={"message": "Not Found"})
-                else:
-                    headers = {k: v for k, v in self.headers.items() if k.lower() not in proxy.HOP}
-                    answer = upstream.request(
-                        self.command, self.path[len(prefix) :], headers=headers, content=body
-                    )
-                self.send_response(answer.status_code)
-                for key, value in answer.headers.items():
-                    if key.lower() in proxy.HOP or key.lower() == "content-encoding":
-                        continue
-                    if key.lower() == "link":
-                        value = value.replace(fake.url, proxy.url)
-                    self.send_header(key, value)
-                self.send_header("Content-Length", str(len(answer.content)))
-                self.end_headers()
-                self.wfile.write(answer.content)
-
-            do_GET = do_POST = do_DELETE = _forward
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}{prefix}"
-        self._upstream = upstream
-        threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._upstream.close()
 
 
 def test_arch10_a_ghes_base_url_with_a_path_prefix_works_unchanged(

@@ -1,52 +1,99 @@
-"""Non-ephemeral pools are refused until something runs config.sh for them (issue 8 item 9).
-
-Nothing in the agent or the runner image consumes a registration token, so such a pool's
-runners would never come online; the validation refuses it, a stored one gets a true finding,
-and the reconcile pass spends no registration token on it.
+"""Non-ephemeral pools (issue 27 item 3, SCHED-15, RUN-04): a runner of such a pool gets a
+registration token and the web URL of where it registers, and runs config.sh (the production
+entrypoint; the fake runner does the same against the fake GitHub); it is kept across jobs and
+its registration id is learnt by name once GitHub shows it online. The security finding stays.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from fleet.models import AgentTask
 from runners import reconcile
 from runners.findings import pool_findings
-from runners.models import NON_EPHEMERAL_UNSUPPORTED, Pool, pool_errors
-from runners.states import RunnerState
+from runners.models import NON_EPHEMERAL_DEFAULT_GROUP, Pool, Runner, pool_errors
+from runners.registrations import check_online
 from tests.runners.test_pool_validation import GOOD, api  # noqa: F401  (fixture)
 from tests.runners.test_reconcile import T0, fake_gh, fleet_rows, queue_jobs  # noqa: F401
+from zoomies_site.core import sealing
 
 
-def test_sched15_the_validation_refuses_a_non_ephemeral_pool_and_says_why():
-    """SCHED-15 (refused half): one validation for the admin, the API and zoomies.yaml."""
-    assert pool_errors({**GOOD, "ephemeral": False}) == {"ephemeral": [NON_EPHEMERAL_UNSUPPORTED]}
-    assert pool_errors({**GOOD, "ephemeral": True}) == {}
-    assert "config.sh" in NON_EPHEMERAL_UNSUPPORTED
+def test_sched15_a_non_ephemeral_pool_is_valid_in_the_default_runner_group():
+    assert pool_errors({**GOOD, "ephemeral": False}) == {}
+    assert pool_errors({**GOOD, "ephemeral": False, "runner_group_id": 7}) == {
+        "runner_group_id": [NON_EPHEMERAL_DEFAULT_GROUP]
+    }
+    assert pool_errors({**GOOD, "ephemeral": True, "runner_group_id": 7}) == {}
 
 
-def test_sched15_the_api_answers_400_for_a_non_ephemeral_pool(api):  # noqa: F811
+def test_sched15_the_api_makes_a_non_ephemeral_pool(api):  # noqa: F811
     answer = api.post("/api/v1/pools", {**GOOD, "ephemeral": False}, format="json")
-    assert answer.status_code == 400, answer.content
-    assert "config.sh" in str(answer.json()["ephemeral"])
-    assert not Pool.objects.exists()
+    assert answer.status_code == 201, answer.content
+    assert Pool.objects.get().ephemeral is False
 
 
-def test_sec04_a_stored_non_ephemeral_pool_is_a_true_finding():
+def test_sec04_a_non_ephemeral_pool_is_a_security_finding():
     class Stored:
-        name, ephemeral, dind = "zoomies-old", False, False
+        name, ephemeral, dind = "zoomies-reused", False, False
 
     (finding,) = pool_findings([Stored()])
-    assert finding.key == "config.pool_not_ephemeral:zoomies-old"
-    assert "gets no runners" in finding.title and "config.sh" in finding.why
+    assert finding.key == "config.pool_not_ephemeral:zoomies-reused"
+    assert "reused" in finding.title and "next" in finding.why
 
 
 @pytest.mark.django_db(transaction=True)
-def test_sched15_a_stored_non_ephemeral_pool_gets_no_runner_and_no_token(fake_gh, fleet_rows):  # noqa: F811
+def test_sched15_a_non_ephemeral_runner_gets_a_registration_token_and_the_web_url(
+    fake_gh,  # noqa: F811
+    fleet_rows,  # noqa: F811
+):
     installation, pool, _host = fleet_rows
-    Pool.objects.filter(pk=pool.pk).update(ephemeral=False)  # stored before the refusal
+    Pool.objects.filter(pk=pool.pk).update(ephemeral=False)
     queue_jobs(installation, 1)
-    reports = reconcile.reconcile_now(now_fn=lambda: T0)
-    skipped = [line for report in reports for line in report.skipped]
-    assert any(NON_EPHEMERAL_UNSUPPORTED in line for line in skipped), skipped
-    assert not pool.runners.exclude(state=RunnerState.REMOVED).exists()
-    assert not [c for c in fake_gh.calls if c[1].endswith("/registration-token")]
+    reconcile.reconcile_now(now_fn=lambda: T0)
+    runner = Runner.objects.get()
+    assert runner.ephemeral is False and runner.github_runner_id is None
+    env = {
+        k: sealing.unseal_text(v.removeprefix("sealed:"))
+        for k, v in AgentTask.objects.get(runner=runner).payload["env"].items()
+        if k.startswith(("ZOOMIES_RUNNER_", "ACTIONS_"))
+    }
+    assert set(env) == {"ZOOMIES_RUNNER_URL", "ZOOMIES_RUNNER_TOKEN", "ZOOMIES_RUNNER_NAME",
+                        "ZOOMIES_RUNNER_LABELS"}  # fmt: skip
+    # The web address of where it registers: the fake's host and the org, no API path.
+    assert env["ZOOMIES_RUNNER_URL"] == f"{fake_gh.url}/acme"
+    assert env["ZOOMIES_RUNNER_NAME"] == runner.name
+    assert env["ZOOMIES_RUNNER_LABELS"].split(",")[:3] == ["self-hosted", "Linux", "X64"]
+    calls = [path for _method, path, _inst in fake_gh.calls]
+    assert any(p.endswith("/actions/runners/registration-token") for p in calls)
+    assert not any(p.endswith("/generate-jitconfig") for p in calls)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sched15_its_registration_id_is_learnt_by_name_once_github_shows_it_online(
+    fake_gh,  # noqa: F811
+    fleet_rows,  # noqa: F811
+):
+    from runners.github.config import get_app  # noqa: PLC0415  # the app the fixture configured
+    from runners.github.fake import runners_api  # noqa: PLC0415  # config.sh, the fake's way
+
+    installation, pool, _host = fleet_rows
+    Pool.objects.filter(pk=pool.pk).update(ephemeral=False)
+    queue_jobs(installation, 1)
+    reconcile.reconcile_now(now_fn=lambda: T0)
+    runner = Runner.objects.get()
+    Runner.objects.filter(pk=runner.pk).update(state="registering")
+    env = {
+        k: sealing.unseal_text(v.removeprefix("sealed:"))
+        for k, v in AgentTask.objects.get(runner=runner).payload["env"].items()
+    }
+    state = fake_gh.state
+    with state.lock:
+        runners_api.register_runner(state, {
+            "url": env["ZOOMIES_RUNNER_URL"], "token": env["ZOOMIES_RUNNER_TOKEN"],
+            "name": env["ZOOMIES_RUNNER_NAME"], "labels": env["ZOOMIES_RUNNER_LABELS"].split(","),
+        })  # fmt: skip
+        (registered,) = [r for r in state.runners.values() if r.name == runner.name]
+        registered.session, registered.polling = "open", 1  # online: its listener polls
+    assert check_online(T0, get_app()) == [f"{runner.name}: GitHub shows it online"]
+    runner.refresh_from_db()
+    assert runner.github_runner_id == registered.id and runner.state == "idle"
