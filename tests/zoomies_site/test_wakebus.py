@@ -46,8 +46,10 @@ def notify_from_another_process(topic: str, directory: Path) -> int:
 
 @pytest.fixture
 def bus() -> Iterator[Path]:
-    # A short path of its own: AF_UNIX socket paths are limited to 108 bytes.
-    directory = Path(f"/tmp/zoomies-wake-test-{os.getpid()}-{time.monotonic_ns()}")
+    # A short path of its own: AF_UNIX socket paths are limited to 108 bytes. Not named
+    # zoomies-wake-*: a controller another test starts sweeps those at its start, and its
+    # sweep's datagram would wake this test's listeners (a wake on the wrong topic, seen).
+    directory = Path(f"/tmp/zwt-{os.getpid()}-{time.monotonic_ns()}")
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
 
