@@ -169,6 +169,10 @@ def test_the_controller_image_serves_healthz_and_an_agent_image_joins_it(images)
     volume = f"zoomies-data-{suffix}"
     controller = f"zoomies-controller-{suffix}"
     base_url = f"http://127.0.0.1:{port}"
+    # Built with its static files and without a key: a key in the image would be everyone's.
+    listing = docker(engine, "run", "--rm", "--network", "none", "--entrypoint", "ls",
+                     controller_image, "-A", DATA_DIR)  # fmt: skip
+    assert listing.split() == ["static"]
     docker(engine, "run", "-d", "--name", controller, "--network", "host",
            "-v", f"{volume}:{DATA_DIR}", "-e", f"ZOOMIES_SERVER_BIND=0.0.0.0:{port}",
            "--health-interval", "2s", "--health-start-period", "120s",
