@@ -44,6 +44,8 @@ BASE_CACHE = Path(os.environ.get("ZOOMIES_IMAGE_BASE_CACHE", "/tmp/zoomies-image
 IMAGE_UID = "10001"
 DATA_DIR = "/var/lib/zoomies"
 BUILD_TIMEOUT = 900
+# What tests/fleet/backends/conftest.py's docker_engine runs, and the package with each.
+ENGINE_TOOLS = {"dockerd": "docker.io", "docker": "docker.io", "busybox": "busybox-static"}
 HEALTHY_TIMEOUT = 180.0
 
 
@@ -132,8 +134,10 @@ def images(request: pytest.FixtureRequest) -> Iterator[tuple[Engine, str, str]]:
     """The engine and the controller and agent images built on it; every container, volume
     and image the test made is removed afterwards (the imported base stays, as the cache)."""
     tar = base_tar()
-    if shutil.which("dockerd") is None or shutil.which("docker") is None:
-        pytest.fail("dockerd is not installed (apt-get install docker.io): no engine to build on")
+    # Failed here, not skipped as docker_engine would: an image test that never runs is a gap.
+    for tool, package in ENGINE_TOOLS.items():
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is not installed (apt-get install {package}): no engine")
     engine: Engine = request.getfixturevalue("docker_engine")
     engine.clean()
     base = trusting_base(engine, tar)
