@@ -132,7 +132,7 @@ def free_port() -> int:
 @pytest.fixture
 def images(request: pytest.FixtureRequest) -> Iterator[tuple[Engine, str, str]]:
     """The engine and the controller and agent images built on it; every container, volume
-    and image the test made is removed afterwards (the imported base stays, as the cache)."""
+    and image the test made is removed afterwards (the base's tar stays, as the cache)."""
     tar = base_tar()
     # Failed here, not skipped as docker_engine would: an image test that never runs is a gap.
     for tool, package in ENGINE_TOOLS.items():
@@ -182,7 +182,7 @@ def test_the_controller_image_serves_healthz_and_an_agent_image_joins_it(images)
            "--health-interval", "2s", "--health-start-period", "120s",
            controller_image)  # fmt: skip
 
-    def health() -> str:
+    def health() -> bool:
         state = inspect(engine, controller)["State"]
         if not state["Running"]:
             logs = docker(engine, "logs", controller, check=False)
