@@ -18,6 +18,12 @@ from tests.runners.test_reconcile import T0, fake_gh, fleet_rows, queue_jobs  # 
 from zoomies_site.core import sealing
 
 
+def create_env(runner: Runner) -> dict[str, str]:
+    """The environment the runner's create task carries, unsealed as its agent reads it."""
+    env = AgentTask.objects.get(runner=runner).payload["env"]
+    return {k: sealing.unseal_text(v.removeprefix("sealed:")) for k, v in env.items()}
+
+
 def test_sched15_a_non_ephemeral_pool_is_valid_in_the_default_runner_group():
     assert pool_errors({**GOOD, "ephemeral": False}) == {}
     assert pool_errors({**GOOD, "ephemeral": False, "runner_group_id": 7}) == {
@@ -53,9 +59,7 @@ def test_sched15_a_non_ephemeral_runner_gets_a_registration_token_and_the_web_ur
     runner = Runner.objects.get()
     assert runner.ephemeral is False and runner.github_runner_id is None
     env = {
-        k: sealing.unseal_text(v.removeprefix("sealed:"))
-        for k, v in AgentTask.objects.get(runner=runner).payload["env"].items()
-        if k.startswith(("ZOOMIES_RUNNER_", "ACTIONS_"))
+        k: v for k, v in create_env(runner).items() if k.startswith(("ZOOMIES_RUNNER_", "ACTIONS_"))
     }
     assert set(env) == {"ZOOMIES_RUNNER_URL", "ZOOMIES_RUNNER_TOKEN", "ZOOMIES_RUNNER_NAME",
                         "ZOOMIES_RUNNER_LABELS"}  # fmt: skip
@@ -82,10 +86,7 @@ def test_sched15_its_registration_id_is_learnt_by_name_once_github_shows_it_onli
     reconcile.reconcile_now(now_fn=lambda: T0)
     runner = Runner.objects.get()
     Runner.objects.filter(pk=runner.pk).update(state="registering")
-    env = {
-        k: sealing.unseal_text(v.removeprefix("sealed:"))
-        for k, v in AgentTask.objects.get(runner=runner).payload["env"].items()
-    }
+    env = create_env(runner)
     state = fake_gh.state
     with state.lock:
         runners_api.register_runner(state, {
