@@ -4,6 +4,8 @@ leases' expiry (issue 11 item 3; LEASE-06, TASK-02)."""
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -39,8 +41,8 @@ def test_lease06_every_lease_of_a_dead_process_on_this_host_is_freed_at_restart(
         ("webhook", f"other-box:{DEAD}:0000"),  # another host: its lease runs its course
     ]:
         leases.acquire(name, holder=holder, now=T0, ttl=LEASE_TTL)
-    # Before: nobody else can run a pass until the lease expires.
-    assert not leases.acquire(RECONCILE, holder="box:1:new", now=T0, ttl=LEASE_TTL)
+    # Before: a caller of another host cannot prove the holder dead, and waits for expiry.
+    assert not leases.acquire(RECONCILE, holder="elsewhere:1:new", now=T0, ttl=LEASE_TTL)
 
     lines = recover_after_restart(now=T0, embedded_host=None, host="box", alive=alive)
 
@@ -50,6 +52,27 @@ def test_lease06_every_lease_of_a_dead_process_on_this_host_is_freed_at_restart(
     assert Lease.objects.get(name="webhook").holder == f"other-box:{DEAD}:0000"
     # A freed lease is marked dirty: the wake the dead holder owed is served.
     assert Lease.objects.get(name="poll").dirty
+
+
+@pytest.mark.django_db
+def test_lease06_a_lease_whose_holder_died_on_this_host_is_taken_at_once_by_the_next_caller():
+    """Several `workers` on one machine: one killed mid-pass held the reconcile lease for its
+    five minutes, and nothing was scheduled meanwhile (the scale-out drill, seen). The next
+    caller on the same host takes it over at once; a live holder, or one of another host,
+    keeps it until it expires."""
+    here = socket.gethostname()
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that has ended
+    leases.acquire(RECONCILE, holder=f"{here}:{dead.pid}:ab12", now=T0, ttl=LEASE_TTL)
+    assert leases.acquire(RECONCILE, holder=f"{here}:{os.getpid()}:new", now=T0, ttl=LEASE_TTL)
+    assert Lease.objects.get(name=RECONCILE).holder == f"{here}:{os.getpid()}:new"
+
+    leases.acquire("poll", holder=f"{here}:{os.getpid()}:live", now=T0, ttl=LEASE_TTL)
+    assert not leases.acquire("poll", holder=f"{here}:1:other", now=T0, ttl=LEASE_TTL)
+    leases.acquire("capacity", holder=f"elsewhere:{dead.pid}:cd34", now=T0, ttl=LEASE_TTL)
+    assert not leases.acquire("capacity", holder=f"{here}:1:other", now=T0, ttl=LEASE_TTL)
+    assert leases.acquire("capacity", holder=f"{here}:1:other", now=T0 + LEASE_TTL * 2,
+                          ttl=LEASE_TTL)  # fmt: skip
 
 
 @pytest.mark.django_db

@@ -28,14 +28,42 @@ def _ensure(name: str) -> None:
 
 
 def acquire(name: str, *, holder: str, now: datetime, ttl: timedelta) -> bool:
-    """Take the lease if it is free, expired, or already ours; True when held."""
+    """Take the lease if it is free, expired, already ours, or held by a process of this
+    host that is gone; True when held.
+
+    The last: a worker killed mid-pass (several `workers` on one machine, or a controller's
+    cluster) would otherwise hold its loop for the whole TTL, five minutes of no reconcile;
+    on this host its death is a fact (`host:pid` holders, pid_alive), taken over by a
+    compare-and-set on the holder read. A holder on another host is waited out to expiry.
+    """
     _ensure(name)
     taken = (
         Lease.objects.filter(name=name)
         .filter(Q(holder="") | Q(expires_at__lt=now) | Q(holder=holder))
         .update(holder=holder, expires_at=now + ttl, acquired_at=now, dirty=False)
     )
-    return bool(taken)
+    if taken:
+        return True
+    current = Lease.objects.filter(name=name).values_list("holder", flat=True).first() or ""
+    if not _gone_from_this_host(current, holder):
+        return False
+    return bool(
+        Lease.objects.filter(name=name, holder=current).update(
+            holder=holder, expires_at=now + ttl, acquired_at=now, dirty=False
+        )
+    )
+
+
+def _gone_from_this_host(current: str, holder: str) -> bool:
+    """`current` (host:pid[:token]) names this caller's host and a process that has ended."""
+    host, _, rest = current.partition(":")
+    pid = rest.partition(":")[0]
+    return (
+        bool(host)
+        and host == holder.partition(":")[0]
+        and pid.isdigit()
+        and not pid_alive(int(pid))
+    )
 
 
 def renew(name: str, *, holder: str, now: datetime, ttl: timedelta) -> bool:
