@@ -48,3 +48,11 @@ def count_metrics_in_files() -> None:
     where = tempfile.mkdtemp(prefix=STARTUP_DIR_PREFIX)
     atexit.register(shutil.rmtree, where, True)
     os.environ.update({METRICS_DIR_ENV: where})
+    # The controller's own counts (its task cluster's threads count reconcile passes) move to
+    # the data directory with the variable: prometheus_client opens its files afresh when the
+    # process identifier changes, as after a fork, so it reads negative until the switch.
+    from prometheus_client import values  # noqa: PLC0415  # before any metric is made
+
+    values.ValueClass = values.MultiProcessValue(
+        lambda: -os.getpid() if os.environ.get(METRICS_DIR_ENV) == where else os.getpid()
+    )

@@ -23,7 +23,14 @@ def main(argv: list[str]) -> None:
     from django.core.management import call_command  # noqa: PLC0415
 
     django.setup()
-    call_command("qcluster")
+    from django.conf import settings  # noqa: PLC0415
+
+    if settings.TASK_CLUSTER == "threads":
+        from zoomies_site.thread_cluster import ThreadCluster  # noqa: PLC0415
+
+        ThreadCluster().run()
+    else:
+        call_command("qcluster")
 
 
 if __name__ == "__main__":

@@ -211,6 +211,12 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
+# How the django-q2 cluster runs: "threads" (its pusher, monitor and workers as threads of
+# one process, zoomies_site/thread_cluster.py) or "processes" (django-q2's own cluster).
+TASK_CLUSTER = env("ZOOMIES_Q_CLUSTER", "threads")
+if TASK_CLUSTER not in ("threads", "processes"):
+    raise ValueError(f"ZOOMIES_Q_CLUSTER is {TASK_CLUSTER!r}: it must be threads or processes")
+
 # django-q2: `retry` must exceed `timeout` and the longest task, or tasks run twice.
 Q_CLUSTER = {
     "name": "zoomies",

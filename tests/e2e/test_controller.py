@@ -71,18 +71,26 @@ def open_files(pid: int) -> set[str]:
 
 
 @pytest.mark.any_database  # what it checks is the process tree, the same on either engine
-def test_the_web_server_and_the_workers_are_forked_and_keep_no_controller_lock(tmp_path):
-    """The controller forks its web server and its django-q2 cluster with the project already
-    imported (zoomies_site/core/forked.py), rather than starting two more interpreters that
-    import it all again; and neither child keeps the controller's file lock open, which
-    would hold it past the controller's own death."""
-    controller = Controller(tmp_path)
+@pytest.mark.parametrize(
+    ("cluster", "names"),
+    [("threads", {"zoomies-web"}), ("processes", {"zoomies-web", "zoomies-workers"})],
+)
+def test_the_web_server_and_the_workers_are_forked_and_keep_no_controller_lock(
+    tmp_path, cluster, names
+):
+    """The controller forks its web server (and, with ZOOMIES_Q_CLUSTER=processes, its
+    django-q2 cluster) with the project already imported (zoomies_site/core/forked.py),
+    rather than starting more interpreters that import it all again; no child keeps the
+    controller's file lock open, which would hold it past the controller's own death. By
+    default the task cluster is threads of the controller (zoomies_site/thread_cluster.py):
+    one child only, and the passes still run and count."""
+    controller = Controller(tmp_path, env={"ZOOMIES_Q_CLUSTER": cluster})
     try:
         controller.start("--no-agent")
         parent = controller.process.pid
         cmdline = Path(f"/proc/{parent}/cmdline").read_bytes()
         children = children_of(parent)
-        assert len(children) == 2, children
+        assert len(children) == len(names), children
         lock = (
             str(tmp_path / "zoomies.db.lock")
             if "ZOOMIES_DATABASE_URL" not in controller.env
@@ -93,9 +101,8 @@ def test_the_web_server_and_the_workers_are_forked_and_keep_no_controller_lock(t
             assert Path(f"/proc/{child}/cmdline").read_bytes() == cmdline  # a fork: no exec
             assert lock not in open_files(child)
         # Named for ps and top, since the command line is the controller's.
-        names = {Path(f"/proc/{child}/comm").read_text().strip() for child in children}
-        assert names == {"zoomies-web", "zoomies-workers"}
+        assert {Path(f"/proc/{child}/comm").read_text().strip() for child in children} == names
         assert controller.reconcile_passes() >= 0  # /metrics answers from the forked web server
-        controller.wait_reconcile_passes(1)  # and counts the forked workers' passes
+        controller.wait_reconcile_passes(1)  # and counts the workers' passes
     finally:
         controller.stop()

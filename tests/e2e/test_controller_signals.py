@@ -73,15 +73,21 @@ def sentinel_started(controller: Controller) -> bool:
 
 
 @pytest.mark.parametrize(
-    "moment",
-    ["workers-forked", "sentinel-forked", "ready"],
+    ("cluster", "moment"),
+    [
+        ("processes", "workers-forked"),
+        ("processes", "sentinel-forked"),
+        ("processes", "ready"),
+        ("threads", "ready"),
+    ],
 )
-def test_a_controller_killed_at_any_moment_of_its_start_leaves_no_child(tmp_path, moment):
+def test_a_controller_killed_at_any_moment_of_its_start_leaves_no_child(tmp_path, cluster, moment):
     """Issue 21 item 1: SIGKILL the controller alone (as the OOM killer would) just after it
     forked its workers, just after django-q2 forked its sentinel, and once ready: every
     process of its tree is gone within seconds. Before the fix, one start in three left the
-    workers' whole tree running under init, polling the database."""
-    controller = Controller(tmp_path)
+    workers' whole tree running under init, polling the database. With the task cluster as
+    threads of the controller (the default), the web server is its one child."""
+    controller = Controller(tmp_path, env={"ZOOMIES_Q_CLUSTER": cluster})
     try:
         controller.start("--no-agent", ready=False)
         pid = controller.process.pid
@@ -91,7 +97,8 @@ def test_a_controller_killed_at_any_moment_of_its_start_leaves_no_child(tmp_path
             wait_for(lambda: sentinel_started(controller), 60, "django-q2's sentinel")
         else:
             wait_for(controller._ready, 60, "the controller to be ready")
-            wait_for(lambda: len(descendants(pid)) >= 6, 30, "the workers' processes")
+            tree = 6 if cluster == "processes" else 1
+            wait_for(lambda: len(descendants(pid)) >= tree, 30, "the controller's children")
         controller.process.send_signal(signal.SIGKILL)
         controller.process.wait(timeout=10)
         wait_for(lambda: not still_running(tmp_path), 10, "the controller's tree to die")
@@ -101,18 +108,27 @@ def test_a_controller_killed_at_any_moment_of_its_start_leaves_no_child(tmp_path
         controller.stop()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_to_the_whole_group_stops_the_tree_in_order(tmp_path, signum):
+@pytest.mark.parametrize(
+    ("cluster", "signum"),
+    [
+        ("threads", signal.SIGTERM),
+        ("threads", signal.SIGINT),
+        ("processes", signal.SIGTERM),
+    ],
+    ids=["SIGTERM", "SIGINT", "SIGTERM-processes"],
+)
+def test_a_signal_to_the_whole_group_stops_the_tree_in_order(tmp_path, cluster, signum):
     """Issue 21 item 2: `kill -TERM -- -PGID` (what systemd's default KillMode does) and Ctrl-C
     (SIGINT to the terminal's foreground group) reach only the controller; it stops the
     embedded agent, then the workers, then the web server, each within its stop timeout.
     Before the fix every process got the signal at once: the web server went first and the
     workers' cluster ran out the 15 s stop timeout."""
-    controller = Controller(tmp_path)
+    controller = Controller(tmp_path, env={"ZOOMIES_Q_CLUSTER": cluster})
     try:
         controller.start()
         pid = controller.process.pid
-        wait_for(lambda: len(descendants(pid)) >= 6, 30, "the workers' processes")
+        tree = 6 if cluster == "processes" else 1
+        wait_for(lambda: len(descendants(pid)) >= tree, 30, "the controller's children")
         tree = descendants(pid)
         assert all(os.getpgid(child) != os.getpgid(pid) for child in tree), tree
         os.killpg(os.getpgid(pid), signum)
@@ -121,6 +137,7 @@ def test_a_signal_to_the_whole_group_stops_the_tree_in_order(tmp_path, signum):
         steps = [
             "stopping: the embedded agent",
             "stopping: the workers",
+            *(["task cluster stopped"] if cluster == "threads" else []),
             "stopping: the web server",
             "zoomies.controller: stopped",
         ]

@@ -36,6 +36,7 @@ from zoomies_site.core.forked import ForkedChild, MetricsNotShared
 from zoomies_site.embedded_agent import embedded_host_name, start_embedded_agent
 from zoomies_site.problems import config_findings
 from zoomies_site.recovery import DeadGeneration, recover_after_restart
+from zoomies_site.thread_cluster import InProcessCluster
 from zoomies_site.ticker import default_ticker
 
 log = logging.getLogger("zoomies.controller")
@@ -293,7 +294,7 @@ class Command(BaseCommand):
             log.info("stopped")
 
     @staticmethod
-    def _stop_child(child: ForkedChild) -> None:
+    def _stop_child(child: ForkedChild | InProcessCluster) -> None:
         if child.poll() is None:
             child.terminate()
         try:
@@ -305,7 +306,12 @@ class Command(BaseCommand):
             child.kill()
             child.wait(timeout=5)
 
-    def _spawn_workers(self) -> ForkedChild:
+    def _spawn_workers(self) -> ForkedChild | InProcessCluster:
+        if settings.TASK_CLUSTER == "threads":
+            # Threads of this process: a process of their own cost 20 MB or more of memory
+            # each (docs/performance.md "Memory"), and the tasks mostly wait on I/O.
+            return InProcessCluster()
+
         def cluster() -> None:
             call_command("qcluster")
             # The cluster runs in its sentinel process; a `qcluster` process waits for it in
@@ -335,7 +341,7 @@ class Command(BaseCommand):
         except MetricsNotShared as exc:
             raise CommandError(str(exc)) from exc
 
-    def _wait_ready(self, base_url: str, children: list[ForkedChild]) -> None:
+    def _wait_ready(self, base_url: str, children: list[ForkedChild | InProcessCluster]) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             for child in children:
@@ -378,7 +384,7 @@ class Command(BaseCommand):
             log.warning("database writable again: the controller carries on")
         return renewed
 
-    def _loop(self, lock, children: list[ForkedChild]) -> None:
+    def _loop(self, lock, children: list[ForkedChild | InProcessCluster]) -> None:
         ticker = default_ticker(timezone.now())
         renew_every = registry.get("controller.lease_renew").total_seconds()
         # The write probe runs on a thread of its own: a ticker round enqueues through the
