@@ -23,6 +23,8 @@ import argparse
 import json
 import math
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -205,6 +207,76 @@ def step_ingest(run: Run) -> None:
                 shaped["recorded"], "", "deliveries sent", shaped["sent"], "all")  # fmt: skip
 
 
+GARM_ROUNDS = 3
+GARM_SECONDS, GARM_CONNECTIONS = 20, 16
+
+
+def _garm_round(run: Run, side: str, round_no: int) -> dict | None:
+    """One 20 s round of the same wrk load against GARM or Zoomies (bench/garm/README.md)."""
+    work = run.out / "garm-rounds" / f"{side}-r{round_no}"
+    shutil.rmtree(work, ignore_errors=True)
+    if side == "garm":
+        argv = ["bench/garm/bench.py", "--phases", "ingest", "--ingest-reps", "1",
+                "--ingest-c1-reps", "0", "--invalid-reps", "0", "--duration", str(GARM_SECONDS),
+                "--ingest-conns", str(GARM_CONNECTIONS), "--workdir", str(work)]  # fmt: skip
+    else:
+        argv = ["bench/garm/zoomies_ingest.py", "--project", str(ROOT), "--workdir", str(work),
+                "--duration", str(GARM_SECONDS), "--conns", str(GARM_CONNECTIONS)]  # fmt: skip
+    with (run.out / f"garm-{side}-r{round_no}.txt").open("w") as log:
+        done = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=log, text=True, timeout=600, check=False)  # fmt: skip
+        log.write(done.stdout)
+    if done.returncode != 0:
+        run.failures.append(f"garm ingest: {side} round {round_no} exit {done.returncode}")
+        return None
+    if side == "garm":
+        results = json.loads((work / "results.json").read_text())
+        one = results["ingest"]["valid"]["runs"][0]
+        return {"rps": one["rps"], "p50": one["lat_ms"]["p50"], "p99": one["lat_ms"]["p99"],
+                "cpu_ms": one["garm_cpu_ms_per_req"], "ok": one["status_counts"].get("200", 0),
+                "sent": one["requests"]}  # fmt: skip
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    wrk = line["wrk"]
+    return {"rps": wrk["rps"], "p50": wrk["lat_ms"]["p50"], "p99": wrk["lat_ms"]["p99"],
+            "cpu_ms": line["cpu_ms_per_job"], "ok": line["jobs_recorded"],
+            "sent": wrk["requests"]}  # fmt: skip
+
+
+def step_garm(run: Run) -> None:
+    """Webhook ingest beside GARM, the closest peer, in alternating rounds of the same wrk
+    script and payload (the issue's comparison): only when GARM_BIN names a built GARM."""
+    garm = os.environ.get("GARM_BIN")
+    if not garm or not Path(garm).is_file() or not shutil.which("wrk"):
+        why = "GARM_BIN not set" if not garm else "GARM_BIN is not a file"
+        why = why if shutil.which("wrk") or not garm else "no wrk"
+        run.add("garm", f"not measured: {why} (bench/garm/README.md builds GARM)", None, "")
+        return
+    rounds: dict[str, list[dict]] = {"garm": [], "zoomies": []}
+    for round_no in range(1 if run.quick else GARM_ROUNDS):
+        for side in ("garm", "zoomies"):
+            figures = _garm_round(run, side, round_no)
+            if figures is not None:
+                rounds[side].append(figures)
+    run.details["garm"] = rounds
+    if not rounds["garm"] or not rounds["zoomies"]:
+        return
+
+    def median(side: str, key: str) -> float:
+        return statistics.median(r[key] for r in rounds[side])
+
+    n = len(rounds["zoomies"])
+    run.add("garm", f"webhook deliveries/s, 16 connections, median of {n} rounds",
+            median("zoomies", "rps"), "/s", "GARM, same rounds", median("garm", "rps"),
+            ">= 2x GARM")  # fmt: skip
+    run.add("garm", "webhook p50", median("zoomies", "p50"), "ms", "GARM", median("garm", "p50"))
+    run.add("garm", "webhook p99", median("zoomies", "p99"), "ms", "GARM", median("garm", "p99"))
+    run.add("garm", "CPU per delivery, whole process tree", median("zoomies", "cpu_ms"), "ms",
+            "GARM", median("garm", "cpu_ms"), "<= 1 ms")  # fmt: skip
+    run.add("garm", "deliveries recorded (Zoomies: jobs), all rounds",
+            sum(r["ok"] for r in rounds["zoomies"]), "", "deliveries answered",
+            sum(r["sent"] for r in rounds["zoomies"]), "all")  # fmt: skip
+
+
 # Sizes of the queued-to-running steps (issue 12 item 5). The single jobs run one after
 # another, so their count is most of the step's time; Docker's are fewer for that reason.
 SINGLES, BURSTS = 100, (100, 500)
@@ -376,6 +448,7 @@ def step_memory(run: Run) -> None:
 STEPS: dict[str, Callable[[Run], None]] = {
     "scheduler": step_scheduler,
     "ingest": step_ingest,
+    "garm": step_garm,
     "queued": step_queued,
     "docker": step_docker,
     "agents": step_agents,

@@ -20,7 +20,6 @@ import threading
 import time
 from pathlib import Path
 
-from runners.github.fake.deliveries import send_loop
 from runners.github.fake.server import FakeGitHub
 from runners.github.fake.state import Observer
 from tests.e2e.harness import Controller
@@ -74,12 +73,12 @@ class TimedFake(FakeGitHub, Observer):
                 self.api_seconds += time.perf_counter() - began
 
     def add_senders(self, count: int) -> None:
-        """More delivery threads beside the fake's one (GitHub does not send one at a time);
-        they share its outbox, so a job's deliveries may then arrive out of order."""
-        for _ in range(count):
-            thread = threading.Thread(target=send_loop, args=(self.state,), daemon=True)
-            self._threads.append(thread)
-            thread.start()
+        """`count` more deliveries in flight at once beside the fake's one (GitHub does not
+        send one at a time), each on a thread of its own, so a job's deliveries may then
+        arrive out of order. More sender loops alone would not do it: the fake's outbox
+        lets only `concurrency` deliveries be in flight, one by default."""
+        if count > 0:
+            self.set_delivery(concurrency=count + 1)
 
     def reset_marks(self) -> None:
         with self.marks_lock:
