@@ -32,3 +32,20 @@ def record(
         target_id=target_id,
         detail=detail or {},
     )
+
+
+def record_many(*, actor: str, action: str, targets: list[Any], detail: dict | None = None) -> int:
+    """One row per target, in one INSERT: a bulk change audits every row it touched."""
+    at = timezone.now()
+    rows = [
+        AuditLog(
+            at=at,
+            actor=actor,
+            action=action,
+            target_type=target._meta.model_name,
+            target_id=str(target.pk),
+            detail=detail or {},
+        )
+        for target in targets
+    ]
+    return len(AuditLog.objects.bulk_create(rows))

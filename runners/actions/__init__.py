@@ -12,6 +12,7 @@ from runners.actions.jobs import (
     mark_jobs_fleet_failure,
     normalise_status,
     record_job,
+    record_new_queued_jobs,
 )
 from runners.actions.lifecycle import (
     NewRunner,
@@ -44,6 +45,7 @@ __all__ = [
     "normalise_status",
     "reap_removed_runners",
     "record_job",
+    "record_new_queued_jobs",
     "reissue_owed_removes",
     "remove_runner",
     "settle_abandoned_tasks",

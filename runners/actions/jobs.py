@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db import IntegrityError, transaction
 
@@ -14,7 +15,7 @@ from runners.actions import steps
 from runners.models import Installation, Job, Runner
 from runners.states import JobStatus, job_statuses_before
 from zoomies_site.core import metrics
-from zoomies_site.core.events import emit
+from zoomies_site.core.events import emit, emit_many
 
 log = logging.getLogger("zoomies.runners")
 
@@ -61,34 +62,13 @@ def record_job(
     if status is None:
         log.info("job %s: ignoring unknown status %r", update.github_id, update.status)
         return None, False
-    fields = {
-        "status": status,
-        "updated_at": now,
-        "source": source,
-    }
-    if update.conclusion:
-        fields["conclusion"] = update.conclusion
-    if update.runner_name:
-        fields["runner_name"] = update.runner_name
-    if update.started_at:
-        fields["started_at"] = update.started_at
-    if update.completed_at or status == JobStatus.COMPLETED:
-        fields["completed_at"] = update.completed_at or now
+    fields = _job_fields(update, status, now, source)
     with transaction.atomic(savepoint=False):
         job = Job.objects.filter(github_id=update.github_id).first()
         if job is None:
             try:
                 with transaction.atomic():
-                    job = Job.objects.create(
-                        github_id=update.github_id,
-                        run_id=update.run_id,
-                        installation=installation,
-                        repository=update.repository,
-                        name=update.name,
-                        labels=list(update.labels),
-                        created_at=update.created_at or now,
-                        **fields,
-                    )
+                    job = Job.objects.create(**_new_job_fields(update, installation, now), **fields)
             except IntegrityError:
                 # A concurrent delivery created it first; fall through to the guarded move.
                 job = Job.objects.get(github_id=update.github_id)
@@ -113,6 +93,58 @@ def record_job(
             emit(f"job.{status}", job, at=now)
         job.refresh_from_db()
     return job, bool(moved)
+
+
+def _job_fields(update: JobUpdate, status: str, now: datetime, source: str) -> dict[str, Any]:
+    """What an update writes on its job, new or known."""
+    fields = {"status": status, "updated_at": now, "source": source}
+    if update.conclusion:
+        fields["conclusion"] = update.conclusion
+    if update.runner_name:
+        fields["runner_name"] = update.runner_name
+    if update.started_at:
+        fields["started_at"] = update.started_at
+    if update.completed_at or status == JobStatus.COMPLETED:
+        fields["completed_at"] = update.completed_at or now
+    return fields
+
+
+def _new_job_fields(
+    update: JobUpdate, installation: Installation | None, now: datetime
+) -> dict[str, Any]:
+    """What only a new job's row gets: who it is, written once."""
+    return {
+        "github_id": update.github_id,
+        "run_id": update.run_id,
+        "installation": installation,
+        "repository": update.repository,
+        "name": update.name,
+        "labels": list(update.labels),
+        "created_at": update.created_at or now,
+    }
+
+
+def record_new_queued_jobs(
+    updates: list[tuple[JobUpdate, Installation, datetime]], *, source: str, actor: str
+) -> list[Job]:
+    """Insert jobs never seen before, each announced `queued`, in one INSERT each for the
+    jobs, their audit rows and their events: what `record_job` writes for each, for a burst
+    of webhooks (runners.webhooks). The caller has checked that none of these jobs exists
+    and that each update says queued; a job that appeared meanwhile (another process) fails
+    the INSERT, and the caller's savepoint takes the whole group back."""
+    jobs = [
+        Job(
+            **_new_job_fields(update, installation, received),
+            **_job_fields(update, JobStatus.QUEUED, received, source),
+        )
+        for update, installation, received in updates
+    ]
+    created = Job.objects.bulk_create(jobs)
+    audit.record_many(actor=actor, action=f"job.{JobStatus.QUEUED}", targets=created,
+                      detail={"source": source})  # fmt: skip
+    emit_many(f"job.{JobStatus.QUEUED}", Job, [job.pk for job in created],
+              at=max(received for _, _, received in updates))  # fmt: skip
+    return created
 
 
 def apply_job_update(

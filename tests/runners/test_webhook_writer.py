@@ -248,6 +248,9 @@ def test_hook02_a_duplicate_or_a_failing_delivery_takes_no_other_delivery_of_its
         return real(update, **kwargs)
 
     monkeypatch.setattr(webhooks, "apply_job_update", failing_for_one)
+    # The one-by-one path; new queued jobs written together fail alone the same way
+    # (tests/runners/test_webhook_bulk.py::test_a_row_that_breaks_the_group_fails_alone).
+    monkeypatch.setattr(webhooks, "BULK_FROM", 10**6)
     answers = webhooks.record([*checked, again])
 
     assert answers[0] == webhooks.Outcome(
