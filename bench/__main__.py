@@ -234,12 +234,13 @@ def _garm_round(run: Run, side: str, round_no: int) -> dict | None:
         one = results["ingest"]["valid"]["runs"][0]
         return {"rps": one["rps"], "p50": one["lat_ms"]["p50"], "p99": one["lat_ms"]["p99"],
                 "cpu_ms": one["garm_cpu_ms_per_req"], "ok": one["status_counts"].get("200", 0),
-                "sent": one["requests"]}  # fmt: skip
+                "sent": one["requests"], "wrapped": one.get("wrapped", 0)}  # fmt: skip
     line = json.loads(done.stdout.strip().splitlines()[-1])
     wrk = line["wrk"]
     return {"rps": wrk["rps"], "p50": wrk["lat_ms"]["p50"], "p99": wrk["lat_ms"]["p99"],
             "cpu_ms": line["cpu_ms_per_job"], "ok": line["jobs_recorded"],
-            "sent": wrk["requests"]}  # fmt: skip
+            "sent": wrk["status_counts"].get("200", 0),
+            "wrapped": wrk.get("wrapped", 0)}  # fmt: skip
 
 
 def step_garm(run: Run) -> None:
@@ -272,9 +273,14 @@ def step_garm(run: Run) -> None:
     run.add("garm", "webhook p99", median("zoomies", "p99"), "ms", "GARM", median("garm", "p99"))
     run.add("garm", "CPU per delivery, whole process tree", median("zoomies", "cpu_ms"), "ms",
             "GARM", median("garm", "cpu_ms"), "<= 1 ms")  # fmt: skip
-    run.add("garm", "deliveries recorded (Zoomies: jobs), all rounds",
-            sum(r["ok"] for r in rounds["zoomies"]), "", "deliveries answered",
-            sum(r["sent"] for r in rounds["zoomies"]), "all")  # fmt: skip
+    run.add("garm", "Zoomies: jobs recorded, all rounds", sum(r["ok"] for r in rounds["zoomies"]),
+            "", "deliveries answered 200", sum(r["sent"] for r in rounds["zoomies"]),
+            "all")  # fmt: skip
+    # A body file that ran out sends redeliveries, which cost less than new jobs: a round
+    # with any is not a fair one, so it is counted here rather than hidden.
+    run.add("garm", "requests that repeated a delivery (body file wrapped), both sides",
+            sum(r["wrapped"] for side in rounds.values() for r in side), "", "", None,
+            "0")  # fmt: skip
 
 
 # Sizes of the queued-to-running steps (issue 12 item 5). The single jobs run one after
