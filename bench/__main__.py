@@ -222,6 +222,8 @@ def _garm_round(run: Run, side: str, round_no: int) -> dict | None:
     else:
         argv = ["bench/garm/zoomies_ingest.py", "--project", str(ROOT), "--workdir", str(work),
                 "--duration", str(GARM_SECONDS), "--conns", str(GARM_CONNECTIONS)]  # fmt: skip
+        if side == "floor":
+            argv.append("--floor")
     with (run.out / f"garm-{side}-r{round_no}.txt").open("w") as log:
         done = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=log, text=True, timeout=600, check=False)  # fmt: skip
@@ -252,9 +254,9 @@ def step_garm(run: Run) -> None:
         why = why if shutil.which("wrk") or not garm else "no wrk"
         run.add("garm", f"not measured: {why} (bench/garm/README.md builds GARM)", None, "")
         return
-    rounds: dict[str, list[dict]] = {"garm": [], "zoomies": []}
+    rounds: dict[str, list[dict]] = {"garm": [], "zoomies": [], "floor": []}
     for round_no in range(1 if run.quick else GARM_ROUNDS):
-        for side in ("garm", "zoomies"):
+        for side in ("garm", "zoomies", "floor"):
             figures = _garm_round(run, side, round_no)
             if figures is not None:
                 rounds[side].append(figures)
@@ -273,13 +275,20 @@ def step_garm(run: Run) -> None:
     run.add("garm", "webhook p99", median("zoomies", "p99"), "ms", "GARM", median("garm", "p99"))
     run.add("garm", "CPU per delivery, whole process tree", median("zoomies", "cpu_ms"), "ms",
             "GARM", median("garm", "cpu_ms"), "<= 1 ms")  # fmt: skip
+    if rounds["floor"]:
+        # The web server alone (a bare ASGI app under daphne, as the controller serves it):
+        # what any route of ours costs before Django, the check or the database.
+        run.add("garm", "webhook deliveries/s (as above)", median("zoomies", "rps"), "/s",
+                "bare ASGI under daphne, same rounds", median("floor", "rps"))  # fmt: skip
+        run.add("garm", "CPU per delivery (as above)", median("zoomies", "cpu_ms"), "ms",
+                "bare ASGI under daphne", median("floor", "cpu_ms"))  # fmt: skip
     run.add("garm", "Zoomies: jobs recorded, all rounds", sum(r["ok"] for r in rounds["zoomies"]),
             "", "deliveries answered 200", sum(r["sent"] for r in rounds["zoomies"]),
             "all")  # fmt: skip
     # A body file that ran out sends redeliveries, which cost less than new jobs: a round
     # with any is not a fair one, so it is counted here rather than hidden.
     run.add("garm", "requests that repeated a delivery (body file wrapped), both sides",
-            sum(r["wrapped"] for side in rounds.values() for r in side), "", "", None,
+            sum(r["wrapped"] for name in ("garm", "zoomies") for r in rounds[name]), "", "", None,
             "0")  # fmt: skip
 
 

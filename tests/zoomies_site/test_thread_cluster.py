@@ -140,3 +140,29 @@ def test_a_failed_guard_stops_the_cluster_and_says_why(monkeypatch):
     assert cluster.cluster.failure == "4 tasks past their timeout still run"
     started = time.monotonic()
     assert cluster.wait(timeout=1) == 1 and time.monotonic() - started < 1
+
+
+def test_two_worker_threads_of_one_process_never_share_a_tasks_lease(monkeypatch):
+    """The workers are threads of one process: a lease holder named by host and pid alone
+    would let a second scheduled backup run beside the first (the backup's holder had no
+    token of its own). The second finds the lease taken and does nothing."""
+    from zoomies_site.backup import service, tasks  # noqa: PLC0415
+
+    entered, calls = threading.Event(), []
+
+    def slow_backup(now):
+        calls.append(now)
+        entered.set()
+        RELEASE.wait(30)
+        return {"took": None, "why": "", "pruned": [], "errors": []}
+
+    monkeypatch.setattr(service, "scheduled", slow_backup)
+    first = threading.Thread(target=tasks.backup_task)
+    first.start()
+    try:
+        assert entered.wait(30)
+        assert tasks.backup_task() is None
+        assert len(calls) == 1
+    finally:
+        RELEASE.set()
+        first.join(30)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 from datetime import timedelta
 
@@ -19,7 +20,9 @@ LEASE = "backup.scheduled"
 def backup_task() -> dict | None:
     """One round of the schedule; a lease keeps two workers from taking the same copy."""
     now = timezone.now()
-    holder = f"{socket.gethostname()}:{os.getpid()}"
+    # A token too: the task cluster's workers are threads of one process, which must not
+    # take each other's lease for their own.
+    holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
     if not leases.acquire(LEASE, holder=holder, now=now, ttl=timedelta(hours=1)):
         return None
     try:
