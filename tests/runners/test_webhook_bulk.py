@@ -111,7 +111,7 @@ def answers_of(answers: list, base: int) -> list:
     ]
 
 
-def test_a_bursts_new_queued_jobs_are_written_together_as_one_by_one_would(monkeypatch):
+def test_hook02_a_bursts_new_queued_jobs_are_written_together_as_one_by_one_would(monkeypatch):
     burst = a_mixed_burst(7_100_000)
     # Not the first (its redelivery is in the burst too), nor the rest but the last.
     assert webhooks._new_queued_jobs(burst, webhooks._Burst()) == [1, 2, 8]
@@ -130,7 +130,9 @@ def test_a_bursts_new_queued_jobs_are_written_together_as_one_by_one_would(monke
     assert first["jobs"][4][0] == "in_progress" and first["jobs"][1][0] == "queued"
 
 
-def test_a_burst_of_new_jobs_costs_a_handful_of_statements(django_assert_max_num_queries):
+def test_hook04_a_burst_of_new_jobs_costs_a_handful_of_statements_and_one_wake(
+    django_assert_max_num_queries,
+):
     burst = [checked(7_300_000 + i) for i in range(40)]
     asked = wakes_asked()
     with django_assert_max_num_queries(20):  # one by one: about 400
@@ -144,7 +146,7 @@ def test_a_burst_of_new_jobs_costs_a_handful_of_statements(django_assert_max_num
     assert wakes_asked() == asked + 1  # HOOK-04: one wake for the burst
 
 
-def test_a_job_another_process_wrote_meanwhile_sends_the_group_one_by_one(monkeypatch):
+def test_hook02_a_job_another_process_wrote_meanwhile_sends_the_group_one_by_one(monkeypatch):
     """Between the look and the INSERT another web process recorded one of the burst's
     deliveries: the group's INSERT fails, its savepoint takes the whole group back, and each
     delivery goes one by one: that one is a duplicate, the rest are recorded, none twice."""
