@@ -14,6 +14,8 @@ import shutil
 import sys
 import tempfile
 
+from zoomies_site.core import environment  # stdlib only: nothing of Django or the metrics
+
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # zoomies_site.core.metrics.STARTUP_DIR_PREFIX, spelled out: importing that module here would
 # make the metrics before METRICS_DIR_ENV is set, which is what this module is for.
@@ -54,5 +56,5 @@ def count_metrics_in_files() -> None:
     from prometheus_client import values  # noqa: PLC0415  # before any metric is made
 
     values.ValueClass = values.MultiProcessValue(
-        lambda: -os.getpid() if os.environ.get(METRICS_DIR_ENV) == where else os.getpid()
+        lambda: -os.getpid() if environment.read(METRICS_DIR_ENV) == where else os.getpid()
     )

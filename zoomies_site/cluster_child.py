@@ -26,7 +26,7 @@ def main(argv: list[str]) -> None:
     from django.conf import settings  # noqa: PLC0415
 
     if settings.TASK_CLUSTER == "threads":
-        from zoomies_site.thread_cluster import ThreadCluster  # noqa: PLC0415
+        from zoomies_site.thread_cluster import ThreadCluster  # noqa: PLC0415  # after setup: it imports django-q2
 
         ThreadCluster().run()
     else:

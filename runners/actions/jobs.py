@@ -62,7 +62,7 @@ def record_job(
     if status is None:
         log.info("job %s: ignoring unknown status %r", update.github_id, update.status)
         return None, False
-    fields = _job_fields(update, status, now, source)
+    fields = {"status": status, **_job_fields(update, status, now, source)}
     with transaction.atomic(savepoint=False):
         job = Job.objects.filter(github_id=update.github_id).first()
         if job is None:
@@ -96,8 +96,9 @@ def record_job(
 
 
 def _job_fields(update: JobUpdate, status: str, now: datetime, source: str) -> dict[str, Any]:
-    """What an update writes on its job, new or known."""
-    fields = {"status": status, "updated_at": now, "source": source}
+    """What an update writes on its job, new or known, beside the status itself (which its
+    two writers name, so the one-writer scan sees them)."""
+    fields: dict[str, Any] = {"updated_at": now, "source": source}
     if update.conclusion:
         fields["conclusion"] = update.conclusion
     if update.runner_name:
@@ -134,6 +135,7 @@ def record_new_queued_jobs(
     the INSERT, and the caller's savepoint takes the whole group back."""
     jobs = [
         Job(
+            status=JobStatus.QUEUED,
             **_new_job_fields(update, installation, received),
             **_job_fields(update, JobStatus.QUEUED, received, source),
         )

@@ -23,6 +23,7 @@ from bench.__main__ import (
     _clean,
     report,
     step_docker,
+    step_garm,
     step_live,
     step_queued,
 )
@@ -77,7 +78,7 @@ def _stages(seconds: float) -> dict[str, float]:
 
 def test_the_steps_run_in_order_with_docker_after_queued_and_live_before_memory() -> None:
     assert list(STEPS) == [
-        "scheduler", "ingest", "queued", "docker", "agents", "live", "memory"
+        "scheduler", "ingest", "garm", "queued", "docker", "agents", "live", "memory"
     ]  # fmt: skip
 
 
@@ -202,3 +203,44 @@ def test_the_sse_floor_sends_a_ready_frame_then_each_change_to_every_open_stream
         assert sent[0] == floor_sse.READY
         assert sent[1:] == [b'event: pool\ndata: {"kind": "pool.changed", "object": '
                             b'{"paused": true}}\n\n']  # fmt: skip
+
+
+def test_without_a_garm_binary_the_peer_rows_say_why_they_were_not_measured(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.delenv("GARM_BIN", raising=False)
+    run = Run(quick=True, out=tmp_path)
+    step_garm(run)
+    assert [f.figure for f in run.figures] == [
+        "not measured: GARM_BIN not set (bench/garm/README.md builds GARM)"
+    ]
+    assert run.figures[0].value is None
+
+
+def test_the_garm_rounds_give_medians_beside_the_peer_and_the_floor(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Alternating rounds against GARM, Zoomies and the bare ASGI floor: each row is a
+    side's median beside the other's, and wrapped bodies (redeliveries) are counted."""
+    import bench.__main__ as harness  # noqa: PLC0415  # its round runner is replaced here
+
+    garm = tmp_path / "garm"
+    garm.write_text("")
+    monkeypatch.setenv("GARM_BIN", str(garm))
+    monkeypatch.setattr(harness.shutil, "which", lambda name: f"/usr/bin/{name}")
+    rates = {"garm": [500.0, 600.0, 550.0], "zoomies": [700.0, 650.0, 900.0],
+             "floor": [1200.0, 1100.0, 1300.0]}  # fmt: skip
+
+    def round_of(run, side, round_no):
+        return {"rps": rates[side][round_no], "p50": 20.0, "p99": 40.0, "cpu_ms": 2.0,
+                "ok": 100, "sent": 100, "wrapped": 1 if side == "garm" else 0}  # fmt: skip
+
+    monkeypatch.setattr(harness, "_garm_round", round_of)
+    run = Run(quick=False, out=tmp_path)
+    step_garm(run)
+    rows = {f.figure: f for f in run.figures}
+    rate = rows["webhook deliveries/s, 16 connections, median of 3 rounds"]
+    assert (rate.value, rate.reference_value, rate.target) == (700.0, 550.0, ">= 2x GARM")
+    assert rows["webhook deliveries/s (as above)"].reference_value == 1200.0
+    assert rows["Zoomies: jobs recorded, all rounds"].value == 300
+    assert rows["requests that repeated a delivery (body file wrapped), both sides"].value == 3
