@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from fleet.agent.backends.process import process_identity
+from fleet.agent.state import STATE_FILE
 from fleet.providers.contract import (
     IDENTITY,
     MachineSpec,
@@ -38,6 +39,7 @@ INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGN
 STOP_WAIT = 10.0
 # How long a create waits for the agent process to be up before it answers.
 BOOT_WAIT = 15.0
+USER_DATA = "user-data"  # the claim code, 0600, as a VM's cloud-init user data holds it
 
 
 class LocalProvider:
@@ -61,13 +63,27 @@ class LocalProvider:
     def create(self, spec: MachineSpec) -> Observed:
         where = self._dir(spec.identity)
         self.root.mkdir(parents=True, exist_ok=True)
+        if where.exists():
+            raise Refused(f"{spec.identity} exists already")
+        # Made whole beside it, then renamed into place: a create cut short (a killed
+        # controller) leaves either no machine or one with its mark, its controller's URL and
+        # its user data (the claim code, 0600, as a hypervisor keeps a VM's cloud-init), which
+        # `start` boots it with.
+        staging = self.root / f".{spec.identity}.creating"
+        shutil.rmtree(staging, ignore_errors=True)  # a create of this identity cut short
+        staging.mkdir(mode=0o700)
+        claim_code = spec.bootstrap.get("claim_code", "")
+        fd = os.open(staging / USER_DATA, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as user_data:
+            user_data.write(claim_code)
+        (staging / "controller-url").write_text(spec.bootstrap.get("controller_url", ""))
+        (staging / "mark").write_text(spec.mark.controller)
         try:
-            where.mkdir(mode=0o700)
-        except FileExistsError:
+            os.rename(staging, where)  # fails if `where` appeared meanwhile (not empty)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
             raise Refused(f"{spec.identity} exists already") from None
-        (where / "mark").write_text(spec.mark.controller)
-        (where / "controller-url").write_text(spec.bootstrap.get("controller_url", ""))
-        self._spawn(where, spec.identity, claim_code=spec.bootstrap.get("claim_code", ""))
+        self._spawn(where, spec.identity, claim_code=claim_code)
         # Like a hypervisor's create, it returns once the machine is up: the agent has
         # started and made its directories (or has already ended, which inspect says).
         deadline = time.monotonic() + BOOT_WAIT
@@ -105,8 +121,11 @@ class LocalProvider:
     def start(self, identity: str) -> None:
         where = self._existing(identity)
         if not self._running(where):
-            # Its agent kept its credentials in its state directory: no claim code again.
-            self._spawn(where, identity, claim_code="")
+            # An agent that joined kept its credentials in its state directory: no claim
+            # code again. One that never did (its create was cut short) joins with the
+            # machine's user data, as a VM's first boot would.
+            joined = (where / "agent" / STATE_FILE).exists()
+            self._spawn(where, identity, claim_code="" if joined else _read_user_data(where))
 
     def stop(self, identity: str) -> None:
         where = self._existing(identity)
@@ -121,6 +140,7 @@ class LocalProvider:
         self._signal_agent(where, signal.SIGKILL)
         _kill_named(str(where))  # the runners the agent started, each in a session of its own
         shutil.rmtree(where, ignore_errors=True)
+        shutil.rmtree(self.root / f".{identity}.creating", ignore_errors=True)
 
     # -- the agent process -----------------------------------------------------------------
 
@@ -185,6 +205,13 @@ class LocalProvider:
                 os.killpg(agent[0], signum)
             except ProcessLookupError:
                 pass
+
+
+def _read_user_data(where: Path) -> str:
+    try:
+        return (where / USER_DATA).read_text().strip()
+    except OSError:
+        return ""
 
 
 def _read_mark(where: Path) -> Mark | None:

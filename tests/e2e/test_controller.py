@@ -73,7 +73,11 @@ def open_files(pid: int) -> set[str]:
 @pytest.mark.any_database  # what it checks is the process tree, the same on either engine
 @pytest.mark.parametrize(
     ("cluster", "names"),
-    [("threads", {"zoomies-web"}), ("processes", {"zoomies-web", "zoomies-workers"})],
+    [
+        ("threads", {"zoomies-web"}),
+        # Not the default: in .ci/run's slow pass, after the test command.
+        pytest.param("processes", {"zoomies-web", "zoomies-workers"}, marks=pytest.mark.slow),
+    ],
 )
 def test_the_web_server_and_the_workers_are_forked_and_keep_no_controller_lock(
     tmp_path, cluster, names

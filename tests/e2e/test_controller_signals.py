@@ -75,9 +75,11 @@ def sentinel_started(controller: Controller) -> bool:
 @pytest.mark.parametrize(
     ("cluster", "moment"),
     [
-        ("processes", "workers-forked"),
-        ("processes", "sentinel-forked"),
-        ("processes", "ready"),
+        # django-q2's own cluster (ZOOMIES_Q_CLUSTER=processes) is not the default: its
+        # moments run in .ci/run's slow pass, after the test command.
+        pytest.param("processes", "workers-forked", marks=pytest.mark.slow),
+        pytest.param("processes", "sentinel-forked", marks=pytest.mark.slow),
+        pytest.param("processes", "ready", marks=pytest.mark.slow),
         ("threads", "ready"),
     ],
 )
@@ -113,7 +115,7 @@ def test_a_controller_killed_at_any_moment_of_its_start_leaves_no_child(tmp_path
     [
         ("threads", signal.SIGTERM),
         ("threads", signal.SIGINT),
-        ("processes", signal.SIGTERM),
+        pytest.param("processes", signal.SIGTERM, marks=pytest.mark.slow),
     ],
     ids=["SIGTERM", "SIGINT", "SIGTERM-processes"],
 )
