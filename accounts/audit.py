@@ -22,30 +22,24 @@ def record(
     detail: dict | None = None,
     at: datetime | None = None,
 ) -> AuditLog:
-    target_type = target._meta.model_name if target is not None else ""
-    target_id = str(target.pk) if target is not None else ""
-    return AuditLog.objects.create(
-        at=at or timezone.now(),
-        actor=actor,
-        action=action,
-        target_type=target_type,
-        target_id=target_id,
-        detail=detail or {},
-    )
+    entry = _entry(actor, action, target, detail, at or timezone.now())
+    entry.save(force_insert=True)
+    return entry
 
 
 def record_many(*, actor: str, action: str, targets: list[Any], detail: dict | None = None) -> int:
     """One row per target, in one INSERT: a bulk change audits every row it touched."""
     at = timezone.now()
-    rows = [
-        AuditLog(
-            at=at,
-            actor=actor,
-            action=action,
-            target_type=target._meta.model_name,
-            target_id=str(target.pk),
-            detail=detail or {},
-        )
-        for target in targets
-    ]
+    rows = [_entry(actor, action, target, detail, at) for target in targets]
     return len(AuditLog.objects.bulk_create(rows))
+
+
+def _entry(actor: str, action: str, target: Any, detail: dict | None, at: datetime) -> AuditLog:
+    return AuditLog(
+        at=at,
+        actor=actor,
+        action=action,
+        target_type=target._meta.model_name if target is not None else "",
+        target_id=str(target.pk) if target is not None else "",
+        detail=detail or {},
+    )

@@ -69,7 +69,7 @@ class LocalProvider:
         # controller) leaves either no machine or one with its mark, its controller's URL and
         # its user data (the claim code, 0600, as a hypervisor keeps a VM's cloud-init), which
         # `start` boots it with.
-        staging = self.root / f".{spec.identity}.creating"
+        staging = self._staging(spec.identity)
         shutil.rmtree(staging, ignore_errors=True)  # a create of this identity cut short
         staging.mkdir(mode=0o700)
         claim_code = spec.bootstrap.get("claim_code", "")
@@ -140,7 +140,7 @@ class LocalProvider:
         self._signal_agent(where, signal.SIGKILL)
         _kill_named(str(where))  # the runners the agent started, each in a session of its own
         shutil.rmtree(where, ignore_errors=True)
-        shutil.rmtree(self.root / f".{identity}.creating", ignore_errors=True)
+        shutil.rmtree(self._staging(identity), ignore_errors=True)
 
     # -- the agent process -----------------------------------------------------------------
 
@@ -148,6 +148,10 @@ class LocalProvider:
         if not IDENTITY.match(identity):
             raise Refused(f"not an identity: {identity!r}")
         return self.root / identity
+
+    def _staging(self, identity: str) -> Path:
+        """Where a create writes the machine's files before renaming them into place."""
+        return self.root / f".{self._dir(identity).name}.creating"
 
     def _existing(self, identity: str) -> Path:
         where = self._dir(identity)

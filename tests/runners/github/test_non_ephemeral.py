@@ -47,16 +47,21 @@ def test_sec04_a_non_ephemeral_pool_is_a_security_finding():
     assert "reused" in finding.title and "next" in finding.why
 
 
+def a_non_ephemeral_runner(rows) -> Runner:
+    """One job queued for a pool made non-ephemeral, and the runner a pass created for it."""
+    installation, pool, _host = rows
+    Pool.objects.filter(pk=pool.pk).update(ephemeral=False)
+    queue_jobs(installation, 1)
+    reconcile.reconcile_now(now_fn=lambda: T0)
+    return Runner.objects.get()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_sched15_a_non_ephemeral_runner_gets_a_registration_token_and_the_web_url(
     fake_gh,  # noqa: F811
     fleet_rows,  # noqa: F811
 ):
-    installation, pool, _host = fleet_rows
-    Pool.objects.filter(pk=pool.pk).update(ephemeral=False)
-    queue_jobs(installation, 1)
-    reconcile.reconcile_now(now_fn=lambda: T0)
-    runner = Runner.objects.get()
+    runner = a_non_ephemeral_runner(fleet_rows)
     assert runner.ephemeral is False and runner.github_runner_id is None
     env = {
         k: v for k, v in create_env(runner).items() if k.startswith(("ZOOMIES_RUNNER_", "ACTIONS_"))
@@ -80,11 +85,7 @@ def test_sched15_its_registration_id_is_learnt_by_name_once_github_shows_it_onli
     from runners.github.config import get_app  # noqa: PLC0415  # the app the fixture configured
     from runners.github.fake import runners_api  # noqa: PLC0415  # config.sh, the fake's way
 
-    installation, pool, _host = fleet_rows
-    Pool.objects.filter(pk=pool.pk).update(ephemeral=False)
-    queue_jobs(installation, 1)
-    reconcile.reconcile_now(now_fn=lambda: T0)
-    runner = Runner.objects.get()
+    runner = a_non_ephemeral_runner(fleet_rows)
     Runner.objects.filter(pk=runner.pk).update(state="registering")
     env = create_env(runner)
     state = fake_gh.state
