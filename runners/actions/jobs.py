@@ -166,6 +166,13 @@ def apply_job_update(
     as runners.webhooks.record does for each delivery.
     """
     with transaction.atomic(savepoint=False):
+        if update.runner_name:
+            # The runner's row first, held to the end: an agent's report takes the runner
+            # and then reads its jobs (runners/actions/reports.py). Read without the lock,
+            # a report committing between that read and this commit (PostgreSQL) left a
+            # running job's runner registering: the move to busy was dropped here as too
+            # early, and the report's catch-up could not yet see this in_progress.
+            steps.lock_runner_named(update.runner_name)
         job, moved = record_job(
             update, installation=installation, now=now, source=source, actor=actor
         )

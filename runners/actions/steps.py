@@ -224,6 +224,12 @@ def runner_task_failed(task: AgentTask, *, error: str, now: datetime, actor: str
         )
 
 
+def lock_runner_named(name: str) -> None:
+    """Lock the runner row called `name`, if there is one, for the caller's transaction
+    (SQLite's writers are serialised already; Django takes no row lock there)."""
+    list(Runner.objects.select_for_update().filter(name=name).values_list("pk", flat=True))
+
+
 def link_job_runner(job: Job, *, now: datetime, actor: str) -> Runner | None:
     """HOOK-05: an in-progress job names its runner; that runner is busy, and linked.
 

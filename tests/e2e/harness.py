@@ -8,7 +8,9 @@ with a token minted by `manage.py create_token`, exactly as a script would.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
+import random
 import shutil
 import signal
 import socket
@@ -27,6 +29,8 @@ from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 MANAGE = str(ROOT / "manage.py")
+# What `manage.py controller` prints once its own web server answers (its command module).
+READY_LINE = "Zoomies controller ready on "
 
 
 # The migrated database (with the e2e user's token) that each controller starts from, made
@@ -35,10 +39,49 @@ MANAGE = str(ROOT / "manage.py")
 _TEMPLATES: dict[str, tuple[str, str]] = {}
 
 
+# A port handed to a child process is free only when picked: the child binds it a second
+# or more later. Picked from the kernel's ephemeral range (bind(0), every outgoing
+# connection), any other test's server or client could take it in between, and a
+# controller of another worker answering on "our" port once failed a test with a 401 (its
+# database has another token). So ports come from below that range, and each is reserved
+# by a lock file that this process holds until it exits: no other run or worker of this
+# machine picks it meanwhile.
+PORT_LOCKS = Path(tempfile.gettempdir()) / "zoomies-test-ports"
+_reserved: dict[int, int] = {}  # port -> the lock file's descriptor, held open
+
+
+def _unshared_ports() -> range:
+    """The ports below the kernel's ephemeral range (bind(0) and connect() take theirs there)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(10000, low) if low > 12000 else range(61000, 65536)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port nobody listens on, reserved for this process (see PORT_LOCKS)."""
+    PORT_LOCKS.mkdir(exist_ok=True)
+    ports = _unshared_ports()
+    for _ in range(500):
+        port = random.choice(ports)
+        if port in _reserved:
+            continue
+        fd = os.open(PORT_LOCKS / str(port), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)  # another process holds it
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                os.close(fd)  # something else on this machine uses it
+                continue
+        _reserved[port] = fd
+        return port
+    raise RuntimeError(f"no free port in {ports} after 500 tries ({PORT_LOCKS})")
 
 
 def kill_leftovers(marker: str) -> int:
@@ -192,6 +235,10 @@ class Controller:
     def _ready(self) -> bool:
         if self.process and self.process.poll() is not None:
             raise AssertionError(f"the controller exited early:\n{self.log()}")
+        # Its own line first: /healthz alone could be answered by another process holding
+        # the port while this one is still starting (and about to fail to bind it).
+        if READY_LINE not in self._full_log():
+            return False
         response = httpx.get(f"{self.url}/healthz", timeout=2, verify=self.verify)
         return response.status_code == 200
 
@@ -235,8 +282,11 @@ class Controller:
         wait_for(lambda: self.reconcile_passes() >= target, timeout, f"{count} reconcile passes")
 
     def log(self) -> str:
+        return self._full_log()[-6000:]
+
+    def _full_log(self) -> str:
         try:
-            return self.log_path.read_text()[-6000:]
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
 

@@ -5,12 +5,18 @@ registering runner idle and never busy (RUN-16); a host speaks only for its own 
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
+from django.db import connection, connections
 
 from fleet.models import AgentTask
 from runners.actions import JobUpdate, apply_agent_reports, apply_job_update
+from runners.actions import reports as reports_module
 from runners.models import Job, Runner
 from tests.fleet.conftest import T0, join, later, make_runner
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("registry_defaults")
 
@@ -143,11 +149,9 @@ def test_a_malformed_report_body_is_400_and_an_unknown_state_refused(agent_api):
 # -- an in_progress that arrived while the runner was still provisioning -----------------
 
 
-def job_started_early(runner: Runner, github_id: int = 41):
-    """GitHub's in_progress for `runner`, delivered while it is still provisioning: busy is
-    not reachable from provisioning, so the move is dropped and only the job row keeps it."""
-
-    job = apply_job_update(
+def apply_in_progress(runner: Runner, github_id: int = 41) -> Job | None:
+    """GitHub's in_progress for a job on `runner`, as a webhook applies it."""
+    return apply_job_update(
         JobUpdate(
             github_id=github_id,
             status="in_progress",
@@ -159,6 +163,12 @@ def job_started_early(runner: Runner, github_id: int = 41):
         source="webhook",
         actor="system:webhook",
     )
+
+
+def job_started_early(runner: Runner, github_id: int = 41):
+    """GitHub's in_progress for `runner`, delivered while it is still provisioning: busy is
+    not reachable from provisioning, so the move is dropped and only the job row keeps it."""
+    job = apply_in_progress(runner, github_id)
     runner.refresh_from_db()
     assert runner.state == "provisioning"
     return job
@@ -225,3 +235,66 @@ def test_run16_without_a_started_job_a_running_runner_is_idle():
     )
     runner.refresh_from_db()
     assert runner.state == "idle"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run16_hook05_an_in_progress_racing_the_registering_report_still_ends_busy(monkeypatch):
+    """RUN-16, HOOK-05, issue 28's CI failure (PostgreSQL): the in_progress is applied while
+    an agent's report holds the runner, moved to registering, its catch-up already done and
+    finding no started job. The webhook waits for the report's commit and then sees
+    registering (busy); before, it read provisioning beside the report, dropped busy as too
+    early, and the runner of a running job stayed registering."""
+    host, _ = join("h1")
+    runner = make_runner(host, "provisioning")
+    holding, release = threading.Event(), threading.Event()
+    catch_up = reports_module._catch_up_started_job
+
+    def held_catch_up(runner, **kwargs):
+        catch_up(runner, **kwargs)
+        holding.set()  # the report's transaction stays open until the webhook has begun
+        assert release.wait(30)
+
+    monkeypatch.setattr(reports_module, "_catch_up_started_job", held_catch_up)
+    failures: list[BaseException] = []
+
+    def in_thread(work):
+        def run():
+            try:
+                work()
+            except BaseException as exc:  # the test reports it
+                failures.append(exc)
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    report = in_thread(
+        lambda: apply_agent_reports(
+            host=host, reports=[{"runner_id": runner.pk, "state": "registering"}], now=later(5)
+        )
+    )
+    assert holding.wait(30)
+    webhook = in_thread(lambda: apply_in_progress(runner))
+    if connection.vendor == "postgresql":
+        # The webhook's transaction waits for the runner's row lock, not past it.
+        wait_until(lambda: waiting_on_a_lock() == 1, 30, "the webhook to wait for the runner")
+    else:
+        time.sleep(0.5)  # SQLite: its writer waits for the report's write lock meanwhile
+    release.set()
+    report.join(30)
+    webhook.join(30)
+    assert not failures, failures
+    runner.refresh_from_db()
+    assert runner.state == "busy"
+    assert Job.objects.get(github_id=41).runner_id == runner.pk
+
+
+def waiting_on_a_lock() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]

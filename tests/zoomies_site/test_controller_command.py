@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import configparser
 import logging
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -261,3 +262,35 @@ def test_the_shipped_systemd_unit_signals_the_controller_alone_and_restarts_it()
     assert service["StateDirectory"] == "zoomies"  # /var/lib/zoomies, owned by User=
     stop_budget = 2 * command.CHILD_STOP_SECONDS  # the workers, then the web server
     assert int(service["TimeoutStopSec"]) > stop_budget
+
+
+@pytest.mark.django_db
+def test_a_controller_whose_address_is_taken_says_so_before_it_starts_anything(
+    lock_file, monkeypatch
+):
+    """Issue 28's CI failure: daphne's listen failure is one log line in the web server's
+    child, which then exits 0 and the controller said only that; with a slow start another
+    process answering on that port could even pass for it. The taken address is named, and
+    no web server child is forked."""
+    forked: list[str] = []
+    monkeypatch.setattr(command.Command, "_fork", lambda self, name, *a: forked.append(name))
+    monkeypatch.setattr(command.Command, "_database_steps", lambda self, lock, takeover: None)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=rf"cannot serve on 127\.0\.0\.1:{port}: .*in use"):
+            call_command("controller", "--no-agent", "--bind", f"127.0.0.1:{port}")
+    assert forked == []
+
+
+def test_a_free_address_passes_the_bind_check_and_is_left_free():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command.refuse_bind_in_use("127.0.0.1", port)
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))  # the check held nothing
+    with pytest.raises(CommandError, match="cannot serve on no-such-host.invalid:80"):
+        command.refuse_bind_in_use("no-such-host.invalid", 80)

@@ -85,6 +85,27 @@ def internal_port(data_dir: Path, *, avoid: int | None = None) -> int:
     return port
 
 
+def refuse_bind_in_use(host: str, port: int) -> None:
+    """CommandError naming the address when it cannot be served on. The web server's own
+    listen failure is one line in its log, and the controller would only see it exit."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise CommandError(f"cannot serve on {host}:{port}: {exc}") from exc
+    with socket.socket(family, kind, proto) as sock:
+        # As twisted binds: a predecessor's connections in TIME_WAIT are no obstacle.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise CommandError(
+                f"cannot serve on {host}:{port}: {exc.strerror or exc}; is another process "
+                "listening there? Stop it, or choose another address (--bind, server.bind)"
+            ) from exc
+
+
 # How long a startup that found the database unwritable waits before it tries again.
 STARTUP_RETRY_SECONDS = 2.0
 # How long a child has to stop after its SIGTERM before it is killed.
@@ -322,6 +343,9 @@ class Command(BaseCommand):
         return self._fork("django-q2 cluster", cluster, "zoomies-workers")
 
     def _spawn_web(self, host: str, port: int, internal: int | None) -> ForkedChild:
+        refuse_bind_in_use(host, port)
+        if internal is not None:
+            refuse_bind_in_use("127.0.0.1", internal)
         argv = ["--bind", f"{host}:{port}"]
         if internal is not None:
             argv += ["--internal-port", str(internal)]
