@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests import postgres_databases
 from tests.e2e.harness import ROOT
@@ -57,6 +58,8 @@ def dead_process() -> tuple[int, int]:
     return child.pid, start
 
 
+# Two nested pytest runs, 25 s of the test command's SQLite pass: in .ci/run's slow pass.
+@pytest.mark.slow
 def test_two_runs_get_their_own_names_and_each_leaves_nothing_behind(tmp_path):
     """A killed run leaves its databases and the next run drops them as it starts; the two
     runs' names differ, and the second's are gone when it ends, whichever worker made
