@@ -86,10 +86,18 @@ def job_wait_reasons(snapshot: Snapshot, plan: Plan, skipped: Sequence[str] = ()
     return reasons
 
 
-def record_wait_reasons(reasons: Mapping[int, str], now: datetime) -> int:
-    """Write each queued job's reason where it changed; returns how many rows changed."""
+def record_wait_reasons(
+    reasons: Mapping[int, str], now: datetime, stored: Mapping[int, str] | None = None
+) -> int:
+    """Write each queued job's reason where it changed; returns how many rows changed.
+
+    `stored` (the reasons the pass read with its snapshot) leaves out the jobs whose reason
+    is already written; only the pass writes them, and the rest are checked against the
+    table as before."""
     by_reason: dict[str, list[int]] = {}
     for job_id, reason in reasons.items():
+        if stored is not None and stored.get(job_id) == reason:
+            continue
         by_reason.setdefault(reason, []).append(job_id)
     changed = 0
     for reason, ids in by_reason.items():

@@ -105,7 +105,8 @@ def count_jobs():
 
 jobs0 = count_jobs()
 out = run_wrk(a.duration, "main")
-last, quiet = tree_cpu(), 0
+c1 = last = tree_cpu()
+quiet = 0
 for _ in range(240):  # until the workers have caught up
     time.sleep(0.5)
     now = tree_cpu()
@@ -123,5 +124,7 @@ wrk = wrk_figures(out)
 if a.floor:
     jobs = wrk.get("status_counts", {}).get("200", 0)
 print(json.dumps({"wrk": wrk, "jobs_recorded": jobs, "cpu_s": round(cpu, 2),
+                  # while wrk ran, and the catch-up after it (the passes the burst woke)
+                  "cpu_s_during": round(c1 - c0, 2), "cpu_s_after": round(cpu - (c1 - c0), 2),
                   "cpu_ms_per_job": round(1000 * cpu / max(jobs, 1), 2),
                   "load": open("/proc/loadavg").read().split()[:3]}))

@@ -19,7 +19,7 @@ from runners import reconcile
 from runners.models import Job, Pool
 from runners.problems import waiting_jobs
 from runners.scheduler import HostView, JobView, PoolView, RunnerView, Snapshot, decide
-from runners.waits import job_wait_reasons
+from runners.waits import job_wait_reasons, record_wait_reasons
 from tests.runners.test_reconcile import fake_gh, fleet_rows  # noqa: F401  (fixtures)
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -167,3 +167,45 @@ def test_issue21_item6_a_capped_pool_in_backoff_says_so_with_numbers_that_agree(
         "7 runners wanted in zoomies-cpu, its cap of 4 leaves room for 4 (0 live), "
         "so 3 wait for a runner to end"
     )
+
+
+@pytest.mark.django_db
+def test_a_pass_writes_only_the_reasons_that_changed_since_its_snapshot(
+    django_assert_max_num_queries,
+):
+    """Issue 28: every pass read every queued job twice (the snapshot, then each reason
+    against the table); the snapshot's stored reasons leave out the unchanged ones, so a
+    pass over thousands of waiting jobs whose reasons stand writes and reads nothing more.
+    A job that left the queue after the snapshot keeps its row as it is."""
+    rows = {
+        github_id: Job.objects.create(
+            github_id=github_id,
+            repository="acme/app",
+            labels=["x"],
+            status="queued",
+            wait_reason="no pool matches",
+            wait_reason_at=T0,
+            created_at=T0,
+            updated_at=T0,
+        )  # fmt: skip
+        for github_id in (1, 2, 3)
+    }
+    stored: dict[int, str] = {}
+    snapshot = reconcile.build_snapshot(T0, wait_reasons=stored)
+    assert stored == {row.pk: "no pool matches" for row in rows.values()}
+    assert [j.id for j in snapshot.queued_jobs] == [row.pk for row in rows.values()]
+
+    unchanged = {row.pk: "no pool matches" for row in rows.values()}
+    with django_assert_max_num_queries(0):
+        assert record_wait_reasons(unchanged, T0 + timedelta(seconds=1), stored=stored) == 0
+
+    Job.objects.filter(pk=rows[3].pk).update(status="in_progress")
+    later = T0 + timedelta(seconds=2)
+    changed = unchanged | {rows[2].pk: "pool zoomies-cpu is full", rows[3].pk: "moved on"}
+    assert record_wait_reasons(changed, later, stored=stored) == 1
+    after = {j.github_id: (j.wait_reason, j.wait_reason_at) for j in Job.objects.all()}
+    assert after == {
+        1: ("no pool matches", T0),
+        2: ("pool zoomies-cpu is full", later),
+        3: ("no pool matches", T0),
+    }
