@@ -1,10 +1,16 @@
 """The agent protocol's hot POST routes under ASGI, on a pool of threads of their own.
 
 zoomies_site/asgi.py sends `POST /api/v1/agent/` join, heartbeat, token/renew, reports and
-tasks/<id>/result here; everything else (the task long-poll, which is async already, and
-these paths under any other method) stays with Django. The same views of fleet/api.py
-answer, called with an ASGIRequest on this module's pool, so the statuses and JSON bodies
-are the views' own.
+tasks/<id>/result here, and the task long-poll (`GET tasks`); everything else (these paths
+under any other method) stays with Django. The same views of fleet/api.py answer, called
+with an ASGIRequest (the POST views on this module's pool, the async long-poll on the event
+loop), so the statuses and JSON bodies are the views' own.
+
+The long-poll came here at 1,000 agents (issue 28): through Django's handler every request
+runs in a ThreadSensitiveContext, whose sync middleware steps start a thread of the
+request's own, and the event loop started and joined one for each of the thousand polls
+held open. Heartbeats waited seconds behind those starts and joins (p99 8 s against a
+/healthz p99 of 150 ms), and the threads were a good part of the web process's memory.
 
 Why: under daphne Django runs every synchronous view, and every synchronous middleware
 step of an async one, on ONE shared thread (thread_sensitive). At 500 agents a heartbeat
@@ -24,6 +30,7 @@ waited seconds there behind joins, reports and the admin (docs/performance.md). 
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +56,8 @@ THREAD_PREFIX = "agent-api"
 # look slow to answer at 1,000 agents (docs/performance.md).
 JOIN_THREAD_PREFIX = "agent-join"
 HOT_VIEWS = {api.join, api.heartbeat, api.reports, api.task_result, api.renew_token}
+# Async views, awaited on the event loop: their database calls go to their own threads.
+LONG_POLL_VIEWS = {api.tasks}
 MAX_BODY_BYTES = protocol.MAX_BODY_BYTES
 
 _pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix=THREAD_PREFIX)
@@ -72,14 +81,16 @@ def _path(scope: dict[str, Any]) -> str:
 
 
 def handles(scope: dict[str, Any]) -> bool:
-    """True for a POST over HTTP to one of the hot agent routes (resolved as Django would)."""
-    if scope["type"] != "http" or scope.get("method") != "POST":
+    """True for a POST over HTTP to one of the hot agent routes, or a GET of the long-poll
+    (resolved as Django would)."""
+    views = {"POST": HOT_VIEWS, "GET": LONG_POLL_VIEWS}.get(scope.get("method", ""))
+    if scope["type"] != "http" or views is None:
         return False
     path = _path(scope)
     if not path.startswith("/api/v1/agent/"):
         return False
     try:
-        return resolve(path).func in HOT_VIEWS
+        return resolve(path).func in views
     except Resolver404:
         return False
 
@@ -123,8 +134,43 @@ async def _send(send, response: HttpResponse) -> None:
     await send({"type": "http.response.body", "body": content})
 
 
+async def _until_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _long_poll(scope, receive, send) -> None:
+    """The long-poll view on the event loop, cancelled if its agent goes away (as Django's
+    handler does: a poll nobody waits for holds nothing for the rest of its wait)."""
+    match = resolve(_path(scope))
+    view = asyncio.ensure_future(
+        match.func(ASGIRequest(scope, io.BytesIO(b"")), *match.args, **match.kwargs)
+    )
+    gone = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        await asyncio.wait({view, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        # Also on the server's own cancel (a stop): neither task outlives the request.
+        for task in (view, gone):
+            if not task.done():
+                task.cancel()
+    if gone.done() and not gone.cancelled() and gone.exception() is not None:
+        log.warning("agent request %s: its connection failed: %s", _path(scope), gone.exception())
+    if not view.done() or view.cancelled():
+        return  # the agent went away: nobody to answer
+    try:
+        response = view.result()
+    except Exception:
+        log.exception("agent request %s failed", _path(scope))
+        response = api.error("the request could not be processed", 500)
+    await _send(send, response)
+
+
 async def application(scope, receive, send) -> None:
     """The ASGI app for the hot agent routes; zoomies_site.asgi routes only those here."""
+    if scope.get("method") == "GET":
+        await _long_poll(scope, receive, send)
+        return
     chunks: list[bytes] = []
     received = 0
     more = True

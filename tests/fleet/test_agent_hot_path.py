@@ -96,9 +96,10 @@ def test_the_hot_agent_routes_are_routed_to_the_agent_pool_and_nothing_else():
     for path in ("join", "heartbeat", "reports", "tasks/7/result"):
         assert agent_asgi.handles(scope("POST", "/api/v1/agent/" + path)), path
         assert not agent_asgi.handles(scope("GET", "/api/v1/agent/" + path)), path
-    # The long-poll is an async view already; the rest is Django's.
-    assert not agent_asgi.handles(scope("GET", "/api/v1/agent/tasks"))
+    # The long-poll, on the event loop without Django's handler; the rest is Django's.
+    assert agent_asgi.handles(scope("GET", "/api/v1/agent/tasks"))
     assert not agent_asgi.handles(scope("POST", "/api/v1/agent/tasks"))
+    assert not agent_asgi.handles(scope("DELETE", "/api/v1/agent/tasks"))
     assert not agent_asgi.handles(scope("POST", "/api/v1/agent/tasks/x/result"))
     assert not agent_asgi.handles(scope("POST", "/webhooks/github"))
     assert not agent_asgi.handles(scope("POST", "/api/v1/hosts"))
@@ -292,3 +293,81 @@ def test_a_database_fault_that_is_not_busy_is_not_dressed_up_as_a_503(monkeypatc
     status, _, answer = call("/api/v1/agent/heartbeat", {}, token=token)
     assert status == 500 and answer["error"]
     assert "no such table" in caplog.text
+
+
+def long_poll_scope(query: bytes, token: str | None) -> dict:
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+        "scheme": "http", "path": "/api/v1/agent/tasks", "raw_path": b"/api/v1/agent/tasks",
+        "root_path": "", "query_string": query, "headers": headers,
+        "client": ("127.0.0.1", 5000), "server": ("testserver", 80),
+    }  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_long_poll_answers_on_the_event_loop_without_a_thread_of_its_own(monkeypatch):
+    """Issue 28: through Django's handler each long-poll ran in a ThreadSensitiveContext and
+    got a thread started and joined on the event loop; at 1,000 agents heartbeats waited
+    seconds behind them. The view answers as before (its body, a 401, a 400) with none."""
+    from asgiref import sync  # noqa: PLC0415
+
+    contexts: list[object] = []
+    real_enter = sync.ThreadSensitiveContext.__aenter__
+
+    async def counted(self):
+        contexts.append(self)
+        return await real_enter(self)
+
+    monkeypatch.setattr(sync.ThreadSensitiveContext, "__aenter__", counted)
+    _host, token = join("h1")
+
+    def poll(query: bytes, token: str | None):
+        sent: list[dict] = []
+        asked = 0
+
+        async def receive():  # as daphne: the request, then nothing until a disconnect
+            nonlocal asked
+            asked += 1
+            if asked > 1:
+                await asyncio.Event().wait()
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        asyncio.run(application(long_poll_scope(query, token), receive, send))
+        body = b"".join(m.get("body", b"") for m in sent[1:])
+        return sent[0]["status"], dict(sent[0]["headers"]), json.loads(body)
+
+    status, headers, body = poll(b"wait=0", token)
+    assert status == 200 and body["tasks"] == []
+    assert headers[b"x-content-type-options"] == b"nosniff"
+    assert poll(b"wait=0", "zat_nope")[0] == 401
+    status, _, body = poll(b"wait=nope", token)
+    assert status == 400 and "wait" in json.dumps(body)
+    assert contexts == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_long_poll_whose_agent_goes_away_ends_at_once_and_answers_nothing():
+    _host, token = join("h1")
+    sent: list[dict] = []
+    asked = 0
+
+    async def receive():
+        nonlocal asked
+        asked += 1
+        if asked == 1:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.sleep(0.2)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    async def run():
+        await asyncio.wait_for(application(long_poll_scope(b"wait=25", token), receive, send), 10)
+
+    asyncio.run(run())
+    assert sent == [] and asked == 2
