@@ -148,6 +148,8 @@ class Totals:
     joins: list[float] = field(default_factory=list)
     join_errors: int = 0
     heartbeats: list[float] = field(default_factory=list)
+    # When each of those began (time.monotonic()), to tell the joins' ramp from the hold.
+    heartbeat_starts: list[float] = field(default_factory=list)
     heartbeat_errors: int = 0
     healthz: list[float] = field(default_factory=list)
     polls_open: int = 0
@@ -212,6 +214,7 @@ async def agent(
                 status, answer = 0, repr(exc).encode()
             if status == 200:
                 totals.heartbeats.append(time.perf_counter() - began)
+                totals.heartbeat_starts.append(time.monotonic() - (time.perf_counter() - began))
             else:
                 totals.heartbeat_errors += 1
                 totals.error(f"heartbeat: {status} {answer[:200]!r}")
@@ -273,6 +276,9 @@ class Result:
     heartbeat_p50_ms: float
     heartbeat_p99_ms: float
     heartbeat_max_ms: float
+    # The heartbeats begun in the hold, after every join: the fleet's steady state.
+    held_heartbeats: int
+    held_heartbeat_p99_ms: float
     healthz_p50_ms: float
     healthz_p99_ms: float
     polls_open: int
@@ -327,6 +333,11 @@ async def drive(controller: Controller, tokens: list[str], args) -> Result:
     stop.set()
     await asyncio.gather(*tasks, probe, return_exceptions=True)
     beats = [x * 1000 for x in totals.heartbeats]
+    held_beats = [
+        x * 1000
+        for x, began in zip(totals.heartbeats, totals.heartbeat_starts, strict=True)
+        if began >= hold_began
+    ]
     joins = [x * 1000 for x in totals.joins]
     healthz = [x * 1000 for x in totals.healthz]
     return Result(
@@ -340,6 +351,8 @@ async def drive(controller: Controller, tokens: list[str], args) -> Result:
         heartbeat_p50_ms=pct(beats, 50),
         heartbeat_p99_ms=pct(beats, 99),
         heartbeat_max_ms=max(beats) if beats else float("nan"),
+        held_heartbeats=len(held_beats),
+        held_heartbeat_p99_ms=pct(held_beats, 99),
         healthz_p50_ms=pct(healthz, 50),
         healthz_p99_ms=pct(healthz, 99),
         polls_open=polls_open,
@@ -406,7 +419,9 @@ def _print(n: int, result: Result) -> None:
     print(
         f"  {n} agents ({result.shape}): {result.joined} joined ({result.join_errors} failed), "
         f"heartbeat p50 {result.heartbeat_p50_ms:.0f} / p99 {result.heartbeat_p99_ms:.0f}"
-        f" ms over {result.heartbeats}, /healthz p99 {result.healthz_p99_ms:.0f} ms, long-polls"
+        f" ms over {result.heartbeats} (p99 {result.held_heartbeat_p99_ms:.0f} ms over the"
+        f" {result.held_heartbeats} after the joins), /healthz p99"
+        f" {result.healthz_p99_ms:.0f} ms, long-polls"
         f" open {result.polls_open}, server {result.controller_cpu_cores:.2f} cores, PSS "
         f"{result.pss_mb:.0f} MB in {result.processes} processes (load {result.load})"
         + ("" if result.controller_alive else "; THE SERVER EXITED during the run")
