@@ -187,7 +187,7 @@ def test_a_pass_writes_only_the_reasons_that_changed_since_its_snapshot(
             wait_reason_at=T0,
             created_at=T0,
             updated_at=T0,
-        )  # fmt: skip
+        )
         for github_id in (1, 2, 3)
     }
     stored: dict[int, str] = {}
