@@ -231,8 +231,11 @@ def test_the_garm_rounds_give_medians_beside_the_peer_and_the_floor(
     rates = {"garm": [500.0, 600.0, 550.0], "zoomies": [700.0, 650.0, 900.0],
              "floor": [1200.0, 1100.0, 1300.0]}  # fmt: skip
 
-    def round_of(run, side, round_no):
-        return {"rps": rates[side][round_no], "p50": 20.0, "p99": 40.0, "cpu_ms": 2.0,
+    more = {"garm": 600.0, "zoomies": 1250.0}  # the one pair at GARM_MORE_CONNECTIONS
+
+    def round_of(run, side, round_no, conns=harness.GARM_CONNECTIONS):
+        rps = rates[side][round_no] if conns == harness.GARM_CONNECTIONS else more[side]
+        return {"rps": rps, "p50": 20.0, "p99": 40.0, "cpu_ms": 2.0,
                 "ok": 100, "sent": 100, "wrapped": 1 if side == "garm" else 0}  # fmt: skip
 
     monkeypatch.setattr(harness, "_garm_round", round_of)
@@ -243,4 +246,7 @@ def test_the_garm_rounds_give_medians_beside_the_peer_and_the_floor(
     assert (rate.value, rate.reference_value, rate.target) == (700.0, 550.0, ">= 2x GARM")
     assert rows["webhook deliveries/s (as above)"].reference_value == 1200.0
     assert rows["Zoomies: jobs recorded, all rounds"].value == 300
-    assert rows["requests that repeated a delivery (body file wrapped), both sides"].value == 3
+    more_rate = rows["webhook deliveries/s, 64 connections, one round each"]
+    assert (more_rate.value, more_rate.reference_value) == (1250.0, 600.0)
+    # Three GARM rounds at 16 connections and the one at 64 each sent one redelivery.
+    assert rows["requests that repeated a delivery (body file wrapped), both sides"].value == 4
