@@ -154,8 +154,9 @@ async def _long_poll(scope, receive, send) -> None:
         for task in (view, gone):
             if not task.done():
                 task.cancel()
-    if gone.done() and not gone.cancelled() and gone.exception() is not None:
-        log.warning("agent request %s: its connection failed: %s", _path(scope), gone.exception())
+    failed = gone.exception() if gone.done() and not gone.cancelled() else None
+    if failed is not None:
+        log.warning("agent request %s: its connection failed: %s", _path(scope), failed)
     if not view.done() or view.cancelled():
         return  # the agent went away: nobody to answer
     try:

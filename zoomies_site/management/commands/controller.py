@@ -343,9 +343,7 @@ class Command(BaseCommand):
         return self._fork("django-q2 cluster", cluster, "zoomies-workers")
 
     def _spawn_web(self, host: str, port: int, internal: int | None) -> ForkedChild:
-        refuse_bind_in_use(host, port)
-        if internal is not None:
-            refuse_bind_in_use("127.0.0.1", internal)
+        refuse_bind_in_use(host, port)  # the internal port was chosen free (internal_port)
         argv = ["--bind", f"{host}:{port}"]
         if internal is not None:
             argv += ["--internal-port", str(internal)]
