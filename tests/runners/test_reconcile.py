@@ -11,7 +11,10 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.db import OperationalError, connections
-from django_q.models import OrmQ
+from django.utils import timezone
+from django_q.brokers import get_broker
+from django_q.models import Failure, OrmQ, Success
+from django_q.monitor import save_task
 
 from fleet.models import AgentTask, Host
 from fleet.taskqueue import wire_payload
@@ -383,6 +386,20 @@ def test_hook04_a_burst_of_wakes_enqueues_one_pass_until_that_pass_starts():
     wake.wake_reconcile()
     wake.wake_reconcile()
     assert OrmQ.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_woken_pass_that_succeeds_leaves_no_result_row_and_one_that_fails_does():
+    """Woken passes run back to back under load: a result row each was a write taking
+    SQLite's lock from the webhook writer, and the 200 kept rows were soon all passes."""
+    wake.wake_reconcile()
+    package = OrmQ.objects.get().task
+    assert package["func"] == "runners.tasks.reconcile_task"
+    finished = {"started": timezone.now(), "stopped": timezone.now(), "result": 0}
+    save_task({**package, **finished, "success": True}, get_broker())
+    assert not Success.objects.exists()
+    save_task({**package, **finished, "success": False, "result": "boom"}, get_broker())
+    assert Failure.objects.get().result == "boom"
 
 
 def _deletes_of(fake: FakeGitHub, runner: Runner) -> list[tuple]:
