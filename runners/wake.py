@@ -47,12 +47,9 @@ def wake_reconcile() -> None:
             from django_q.tasks import async_task  # noqa: PLC0415  # django-q2's models need the apps loaded
 
             def enqueue() -> None:
-                # `save: False`: a woken pass that succeeds leaves no result row. Under load
-                # passes run back to back, and each saved one was a write of its own (and a
-                # prune of the 200 kept) taking SQLite's lock from the webhook writer, and
-                # within a second the 200 kept were all woken passes, pushing every other
-                # task's record out. A failed pass is still saved, and the ticker's periodic
-                # passes still are (runners.tasks, zoomies_site.ticker).
+                # No result row for a woken pass that succeeds: under load they run back to
+                # back, each row a write (and a prune) against the webhook writer's lock, and
+                # they pushed every other task out of the 200 kept. Failures are still saved.
                 async_task(
                     "runners.tasks.reconcile_task",
                     group="reconcile",
