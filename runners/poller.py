@@ -20,10 +20,13 @@ What a sweep costs does not grow with the number of queued jobs: each list is as
 with the ETag of its last answer (a 304 is not counted by GitHub), a run's jobs are listed
 only when none of them is known or the run changed since it was last seen (a memory kept in
 the database, so a restart does not list them all again), and no call is made once
-`github.sweep_budget` of the hour's quota is spent (`SweepBudget`). Known limits
-of the safety sweep: it reads the queued list only, so a dropped `queued` of a job whose
-run is already in progress is left to the full sweep; and a run it first meets with some of
-its jobs known is trusted to the webhooks until it changes.
+`github.sweep_budget` of the hour's quota is spent (`SweepBudget`). Every sweep also lists
+the runs created since the one before (`created_since`, one call a repository) and records
+the jobs of those no delivery told of, finished ones too: a job every delivery of which was
+lost, that started or ended between two sweeps, is in no queued or in-progress list. Known
+limits: a run it first meets with some of its jobs known is trusted to the webhooks until it
+changes; and a re-run keeps its run's first `created_at`, so a re-run's jobs are found by
+that listing only while it is queued.
 
 Every job found goes through `runners.actions.apply_job_update`, the path webhook deliveries
 take, so a job is never moved backwards and a runner is made busy in one place (POLL-02).
@@ -64,8 +67,15 @@ ACTOR = "system:poller"
 # POLL-03: how recent a delivery must be for the installation's webhooks to count as arriving.
 WEBHOOK_FRESH_INTERVALS = 3
 WEBHOOK_FRESH_FLOOR = timedelta(minutes=10)
-# Runs looked up per repository per sweep for open jobs that left the active listing.
+# Runs looked up per repository per sweep for open jobs that left the active listing, and
+# again for runs created since the last sweep that no delivery told of.
 MAX_RUN_LOOKUPS = 20
+# Each sweep also lists the newest runs (one page, 100) created since the one before it, less
+# CREATED_OVERLAP (GitHub's clock and ours may differ), floored to the hour so that an hour's
+# sweeps ask the same URL and a quiet repository's answer is a 304, which GitHub does not
+# count: one counted call a repository an hour, and one each time its runs change.
+CREATED_OVERLAP = timedelta(minutes=5)
+CREATED_FLOOR = timedelta(hours=1)
 OPEN_STATUSES = (JobStatus.WAITING, JobStatus.QUEUED, JobStatus.IN_PROGRESS)
 
 Clock = Callable[[], float]
@@ -265,13 +275,17 @@ def _repositories(installation: Installation, client, budget: SweepBudget) -> li
     return client.repositories()
 
 
-def _worth_recording(job: dict, status: str, known: dict[int, str], our_runners: set[str]) -> bool:
+def _worth_recording(
+    job: dict, status: str, known: dict[int, str], our_runners: set[str], *, unheard: bool = False
+) -> bool:
     """Which of GitHub's jobs the poller feeds through.
 
     Queued (and waiting) jobs always: they are the demand. A job already running counts when
     it runs on one of our runners (POLL-02), or when we know the job, so one taken by some
-    other runner stops counting as demand. A finished one only when we know it and have not
-    heard it finish: that ends its runner. Other jobs of those runs are nobody's business here.
+    other runner stops counting as demand. A finished one when we know it and have not heard
+    it finish: that ends its runner; and one of a run no delivery told us of (`unheard`): its
+    every delivery was lost, and it is recorded as the webhook would have. Other jobs of those
+    runs are nobody's business here.
     """
     if status in (JobStatus.QUEUED, JobStatus.WAITING):
         return True
@@ -279,12 +293,20 @@ def _worth_recording(job: dict, status: str, known: dict[int, str], our_runners:
     if status == JobStatus.IN_PROGRESS:
         return github_id in known or job.get("runner_name") in our_runners
     if status == JobStatus.COMPLETED:
-        return github_id in known and known[github_id] != JobStatus.COMPLETED
+        if github_id not in known:
+            return unheard
+        return known[github_id] != JobStatus.COMPLETED
     return False
 
 
 def _feed(
-    jobs: list, repo: str, installation: Installation, now: datetime, report: PollReport
+    jobs: list,
+    repo: str,
+    installation: Installation,
+    now: datetime,
+    report: PollReport,
+    *,
+    unheard: bool = False,
 ) -> None:
     """Feed GitHub job objects through `apply_job_update`, the path webhooks take."""
     gid = installation.github_id
@@ -296,7 +318,7 @@ def _feed(
     ours = set(Runner.objects.filter(name__in=names).values_list("name", flat=True))
     for job in jobs:
         status = normalise_status(str(job.get("status") or ""))
-        if status is None or not _worth_recording(job, status, known, ours):
+        if status is None or not _worth_recording(job, status, known, ours, unheard=unheard):
             continue
         try:
             update = job_update_from_github(job, repository=repo)
@@ -362,6 +384,49 @@ def _list_and_feed(sw: _Sweep, repo: str, runs: list, memo: dict[int, str], *, f
         report.runs_listed += 1
         _feed(jobs, repo, installation, now, report)
         memo[run_id] = stamp
+
+
+def _list_unheard(sw: _Sweep, repo: str, runs: list, memo: dict[int, str]) -> None:
+    """The jobs of runs created since the last sweep that no delivery told us of: none of
+    their jobs is held here. A job whose `queued`, `in_progress` and `completed` deliveries
+    were all lost (and the redeliveries asked for them) is found this way within a sweep
+    interval, finished or not; the queued listing alone never sees a run that started, or
+    ended, between two sweeps. At most MAX_RUN_LOOKUPS runs a repository a sweep, oldest
+    first; a run's listing is remembered, so it costs one call until it changes."""
+    runs = [r for r in runs if isinstance(r, dict) and isinstance(r.get("id"), int)]
+    ids = [r["id"] for r in runs]
+    held = set(Job.objects.filter(run_id__in=ids).values_list("run_id", flat=True).distinct())
+    looked = 0
+    for run in sorted(runs, key=lambda r: r["id"]):
+        stamp = f"{run.get('status')} {run.get('updated_at')}"
+        if run["id"] in held or memo.get(run["id"]) == stamp:
+            continue
+        if looked == MAX_RUN_LOOKUPS:
+            break  # the rest next sweep
+        looked += 1
+        sw.budget.check()
+        try:
+            jobs = sw.client.run_jobs(repo, run["id"]).items
+        except NotFound as exc:  # the run was deleted between the two calls
+            sw.report.errors.setdefault(sw.installation.github_id, []).append(str(exc))
+            continue
+        sw.report.runs_listed += 1
+        _feed(jobs, repo, sw.installation, sw.now, sw.report, unheard=True)
+        memo[run["id"]] = stamp
+
+
+def created_since(installation: Installation) -> datetime | None:
+    """Where a sweep's listing of new runs starts: the last sweep less CREATED_OVERLAP,
+    floored to CREATED_FLOOR; None on an installation's first sweep (the runs before it are
+    not Zoomies' to record, and its queued ones are listed). After a long outage it starts
+    at the last sweep still, and reads the newest page only: the redelivery pass is the way
+    back from an outage, this listing is for what fell between two sweeps."""
+    last = installation.last_polled_at
+    if last is None:
+        return None
+    step = int(CREATED_FLOOR.total_seconds())
+    start = int((last - CREATED_OVERLAP).timestamp()) // step * step
+    return datetime.fromtimestamp(start, UTC)
 
 
 def runner_gone_jobs() -> QuerySet[Job]:
@@ -466,20 +531,28 @@ def _sweep_installation(sw: _Sweep, *, full: bool) -> None:
     Safety sweep (`full=False`, webhooks arriving): the queued runs of each repository, one
     conditional call a page, and the jobs of queued runs none of whose jobs we hold. Full
     sweep (the poll fallback): in-progress runs too, the jobs of runs that changed, and what
-    became of open jobs whose run left both lists.
+    became of open jobs whose run left both lists. Both: the runs created since the last
+    sweep that no delivery told of (`_list_unheard`).
     """
     installation, client, budget = sw.installation, sw.client, sw.budget
+    since = created_since(installation)
     for repo in _repositories(installation, client, budget):
         lists: list[list] = []
+        recent: list = []
         try:
             for status in ("queued", "in_progress") if full else ("queued",):
                 budget.check()
                 lists.append(client.runs(repo, status).items)
+            if since is not None:
+                budget.check()
+                recent = client.runs_created_since(repo, since).items
         except NotFound as exc:
             # A repository removed from the installation; the others still need sweeping.
             sw.report.errors.setdefault(installation.github_id, []).append(str(exc))
             continue
         active_ids = {r["id"] for runs in lists for r in runs if isinstance(r, dict) and "id" in r}
+        recent = [r for r in recent if isinstance(r, dict) and r.get("id") not in active_ids]
+        recent_ids = {r.get("id") for r in recent}
         # Both sweeps, first: a job we hold open whose run left the lists is asked after, so
         # a lost `in_progress` or `completed` delivery is made good within a sweep interval
         # even while other deliveries keep arriving (issue 11 item 2). Before the runs'
@@ -488,10 +561,15 @@ def _sweep_installation(sw: _Sweep, *, full: bool) -> None:
         _settle_vanished(sw, repo, active_ids)
         before = _load_memo(installation, repo)
         # Forget runs that left the lists, so the memory stays the size of what is active.
-        memo = {run_id: stamp for run_id, stamp in before.items() if run_id in active_ids}
+        memo = {
+            run_id: stamp
+            for run_id, stamp in before.items()
+            if run_id in active_ids or run_id in recent_ids
+        }
         try:
             for runs in lists:
                 _list_and_feed(sw, repo, runs, memo, full=full)
+            _list_unheard(sw, repo, recent, memo)
         finally:
             # Also when the budget or GitHub stopped the sweep: what was listed stays known.
             _save_memo(installation, repo, before, memo)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -142,8 +142,16 @@ class InstallationClient:
     def _list(self, path: str, key: str, params: dict[str, Any] | None = None) -> list[Any]:
         return self._listing(path, key, params).items
 
-    def _listing(self, path: str, key: str, params: dict[str, Any] | None = None) -> Listing:
-        """Every item, each page asked for with its last ETag (a 304 is free: see Listing)."""
+    def _listing(
+        self,
+        path: str,
+        key: str,
+        params: dict[str, Any] | None = None,
+        *,
+        page_limit: int | None = None,
+    ) -> Listing:
+        """Every item (or the first `page_limit` pages), each page asked for with its last
+        ETag (a 304 is free: see Listing)."""
         return self.app._listing(
             lambda url, page_params, headers: self._request(
                 "GET", url, params=page_params, headers=headers
@@ -153,6 +161,7 @@ class InstallationClient:
             key=key,
             installation_id=self.installation_id,
             conditional=True,
+            page_limit=page_limit,
         )
 
     # -- runners -------------------------------------------------------------------------
@@ -259,6 +268,18 @@ class InstallationClient:
     def runs(self, repo: str, status: str) -> Listing:
         """`list_runs` with whether anything changed since the last time it was asked."""
         return self._listing(f"{repo_path(repo)}/actions/runs", "workflow_runs", {"status": status})
+
+    def runs_created_since(self, repo: str, since: datetime, *, pages: int = 1) -> Listing:
+        """The repository's newest runs of any status created at or after `since`, the first
+        `pages` pages (100 a page, newest first): GitHub's `created` filter in its search
+        syntax, `>=2026-12-06T03:00:00+00:00`."""
+        stamp = since.astimezone(UTC).replace(microsecond=0).isoformat()
+        return self._listing(
+            f"{repo_path(repo)}/actions/runs",
+            "workflow_runs",
+            {"created": f">={stamp}"},
+            page_limit=pages,
+        )
 
     def job(self, repo: str, job_id: int) -> dict[str, Any]:
         """One workflow job (NotFound when GitHub has none by that id in `repo`)."""

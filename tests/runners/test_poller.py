@@ -123,8 +123,15 @@ def test_a_second_sweep_changes_nothing_wakes_nothing_and_costs_no_quota(fake, s
     assert again.jobs_seen == 0 and again.runs_listed == 0 and not again.changed
     assert wakes_asked() == wakes
     # Both run lists were asked for again, conditionally, and answered 304: not counted.
+    # The runs created since the first sweep are asked for the first time: one call.
+    assert fake.quota_used(acme.github_id) == used + 1
+    assert [a[3] for a in fake.answers[-3:]] == [304, 304, 200]
+    # A third sweep in the same five minutes asks that same listing again: a 304 too.
+    used = fake.quota_used(acme.github_id)
+    third = sweep()
+    assert third.runs_listed == 0 and not third.changed
     assert fake.quota_used(acme.github_id) == used
-    assert [a[3] for a in fake.answers[-2:]] == [304, 304]
+    assert [a[3] for a in fake.answers[-3:]] == [304, 304, 304]
 
 
 @pytest.mark.django_db
@@ -528,7 +535,9 @@ def test_poll05_a_burst_of_180_queued_runs_costs_bounded_calls(fake, sweep, cloc
     # 180 run job lists, the queued list's two pages and the in-progress list's one, once;
     # the old poller listed every run's jobs on every sweep (21,600 calls: four hours' quota).
     assert len(_run_job_lists(fake, acme)) == 180
-    assert fake.quota_used(acme.github_id) <= 180 + 3 + 1  # + the token mint's refresh slack
+    # + the new-runs listing, counted when its hour's URL is first asked and when a run
+    # changes (none does here: the 180 stay queued), + the token mint's refresh slack.
+    assert fake.quota_used(acme.github_id) <= 180 + 3 + 2 + 1
 
 
 @pytest.mark.django_db
@@ -546,10 +555,15 @@ def test_poll05_with_webhooks_arriving_a_burst_of_180_costs_only_the_list_pages(
         assert sweep().safety_swept == [acme.github_id]
     assert len(_run_job_lists(fake, acme)) == lists
     answers = [a for a in fake.answers[mark:] if a[2] == acme.github_id]
-    # Two conditional calls a sweep, one per page of the queued list (180 runs, 100 a page),
-    # each answered 304, which GitHub does not count against the hour.
-    assert len(answers) == 30 * 2
-    assert {a[3] for a in answers} == {304}
+    # Three conditional calls a sweep: one per page of the queued list (180 runs, 100 a
+    # page), each answered 304, which GitHub does not count against the hour; and the first
+    # page of the runs created since the last sweep, counted only when its URL moves to the
+    # next hour (the 180 runs stay queued, so its answer does not change within the hour).
+    assert len(answers) == 30 * 3
+    queued_pages = [a for i, a in enumerate(answers) if i % 3 != 2]
+    assert {a[3] for a in queued_pages} == {304}
+    counted = [a for a in answers if a[3] != 304]
+    assert len(counted) <= 2, counted
 
 
 @pytest.mark.django_db
@@ -639,6 +653,50 @@ def test_poll02_a_lost_in_progress_and_completed_amid_flowing_webhooks_are_made_
     assert runner.state == "draining"
     # Bounded: one run listing per sweep for the one open job, no more.
     assert len(_run_job_lists(fake, acme)) <= 3
+
+
+@pytest.mark.django_db
+def test_poll02_a_job_every_delivery_of_which_was_lost_is_recorded_by_the_next_sweep(
+    fake, app, sweep, clock
+):
+    """POLL-02, HOOK-03 (issue 28, the delivery-chaos drill): a job queued, run on our runner
+    and finished between two safety sweeps, its `queued`, `in_progress` and `completed`
+    deliveries all lost (the silent fake), is in no queued list and no open row of ours
+    names its run; the next sweep finds it among the runs created since the last one and
+    records it as GitHub has it, and ends its runner. A job that finished on someone else's
+    runner is recorded too (the webhook would have), and neither run is listed again."""
+    acme = install(fake, "acme", ("app",))
+    runner = make_runner(state="idle", installation=acme, host=make_host())
+    _webhooks_flowing(acme, clock)
+    assert sweep().safety_swept == [acme.github_id]
+    session = go_online(fake, register(app, acme, runner.name))
+    clock.advance(10)
+    ours = fake.queue_job("acme/app", LABELS, duration=600)
+    assert fake.job(ours)["runner_name"] == runner.name
+    finish_job(fake, session, ours)
+    theirs_session = go_online(fake, register(app, acme, "their-build-box"))
+    theirs = fake.queue_job("acme/app", LABELS, duration=600)
+    finish_job(fake, theirs_session, theirs, conclusion="failure")
+    assert not Job.objects.filter(github_id__in=[ours, theirs]).exists()
+
+    clock.advance(125)
+    _webhooks_flowing(acme, clock)
+    report = sweep()
+
+    assert report.safety_swept == [acme.github_id] and report.polled == []
+    job = Job.objects.get(github_id=ours)
+    assert (job.status, job.conclusion, job.runner_name) == ("completed", "success", runner.name)
+    assert job.source == "poll"
+    runner.refresh_from_db()
+    assert runner.state == "draining"
+    other = Job.objects.get(github_id=theirs)
+    assert (other.status, other.conclusion) == ("completed", "failure")
+    lists = len(_run_job_lists(fake, acme))
+    assert lists == 2
+    clock.advance(125)
+    _webhooks_flowing(acme, clock)
+    assert not sweep().changed
+    assert len(_run_job_lists(fake, acme)) == lists
 
 
 @pytest.mark.django_db

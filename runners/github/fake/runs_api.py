@@ -4,6 +4,7 @@ run's jobs, a job) and their JSON shapes."""
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from runners.github.fake import shapes
@@ -127,10 +128,52 @@ def list_runs(state: FakeState, req: Request) -> Response:
     )
     if wanted:
         runs = [r for r in runs if wanted in run_status(state, r)]
-    runs = runs[:1000] if wanted else runs  # GitHub caps filtered searches at 1,000
+    created = req.q("created")
+    if created is not None:
+        low, high = created_range(created)
+        runs = [r for r in runs if low <= r.created_at < high]
+    # GitHub caps searches filtered by status or created (among others) at 1,000 results.
+    runs = runs[:1000] if wanted or created is not None else runs
     chunk, headers = paginate(state, req, runs)
     body = {"total_count": len(runs), "workflow_runs": [run_json(state, r) for r in chunk]}
     return Response(200, body, headers)
+
+
+def created_range(value: str) -> tuple[float, float]:
+    """The `created` filter in GitHub's search syntax as [low, high) epoch seconds:
+    `>=T`, `>T`, `<=T`, `<T`, `A..B` (either side may be `*`) or a bare `T`, where each is a
+    date (`2026-12-06`, the whole day) or a date-time with its offset
+    (`2026-12-06T03:00:00+00:00` or `...Z`). Anything else is a 422, not an empty list."""
+    value = value.strip()
+    for op in (">=", "<=", ">", "<"):
+        if value.startswith(op):
+            start, end = _instant(value[len(op) :])
+            return {
+                ">=": (start, INF), ">": (end, INF), "<=": (-INF, end), "<": (-INF, start)
+            }[op]  # fmt: skip
+    if ".." in value:
+        left, right = value.split("..", 1)
+        low = -INF if left == "*" else _instant(left)[0]
+        high = INF if right == "*" else _instant(right)[1]
+        return low, high
+    return _instant(value)
+
+
+INF = float("inf")
+
+
+def _instant(text: str) -> tuple[float, float]:
+    """A date's whole day, or a date-time's one second, as [start, end) epoch seconds."""
+    try:
+        if len(text) == 10:
+            day = datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC)
+            return day.timestamp(), (day + timedelta(days=1)).timestamp()
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None or "T" not in text:
+        raise HttpError(422, f"Validation Failed: created {text!r} is not a date or date-time")
+    return moment.timestamp(), moment.timestamp() + 1
 
 
 def _scoped_run(state: FakeState, req: Request) -> Run:

@@ -1530,3 +1530,37 @@ def test_fake_issue29_removed_repositories_and_any_event_are_sent_signed_and_rec
     fake.wait_deliveries(2)  # recorded once the receiver has answered
     logged = [d for d in fake.hook_deliveries if d["guid"] == answer.json()["delivery"]]
     assert [(d["event"], d["installation_id"]) for d in logged] == [("workflow_job", 9999)]
+
+
+def test_fake01_runs_filtered_by_created_as_githubs_search_syntax(gh: GitHubClient) -> None:
+    """FAKE-01: `created` takes GitHub's search syntax (`>=`, `>`, `<=`, `<`, `A..B`, a bare
+    date or date-time with its offset) on a run's `created_at`; anything else is a 422, not
+    a list that silently ignores the filter."""
+    org, _ = org_and_user(gh.fake)
+    headers = gh.inst(org)
+    moment = [1_796_526_000.0]  # 2026-12-06T03:00:00Z
+    gh.fake.clock = lambda: moment[0]
+    early = gh.fake.queue_job(repo="acme/app", labels=["nothing-matches"], name="early")
+    moment[0] += 3600  # 04:00:00Z
+    late = gh.fake.queue_job(repo="acme/app", labels=["nothing-matches"], name="late")
+    path = "/repos/acme/app/actions/runs"
+
+    def listed(created: str) -> list[int]:
+        answer = gh.get(path, headers=headers, params={"created": created})
+        assert answer.status_code == 200, answer.text
+        return sorted(r["id"] for r in answer.json()["workflow_runs"])
+
+    first, second = gh.fake.job(early)["run_id"], gh.fake.job(late)["run_id"]
+    both = sorted([first, second])
+    assert listed(">=2026-12-06T03:30:00+00:00") == [second]
+    assert listed(">=2026-12-06T04:00:00Z") == [second]
+    assert listed(">2026-12-06T04:00:00+00:00") == []
+    assert listed("<2026-12-06T04:00:00+00:00") == [first]
+    assert listed("<=2026-12-06T04:00:00+00:00") == both
+    assert listed("2026-12-06") == both
+    assert listed(">2026-12-06") == []
+    assert listed("2026-12-06T02:00:00+00:00..2026-12-06T03:00:00+00:00") == [first]
+    assert listed("2026-12-06T03:00:01+00:00..*") == [second]
+    for bad in ("yesterday", ">=2026-12-06T03:00:00", ">=2026-12-06T03:00:00 00:00", ""):
+        answer = gh.get(path, headers=headers, params={"created": bad})
+        assert answer.status_code == 422, (bad, answer.status_code)
