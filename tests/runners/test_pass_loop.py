@@ -12,7 +12,7 @@ from django.db import transaction
 from django_q.models import OrmQ
 
 from runners import wake
-from runners.pass_loop import PassLoop
+from runners.pass_loop import HUNG_AFTER, PassLoop
 from tests.runners.conftest import wakes_asked
 from tests.waiting import wait_until
 from zoomies_site.core import wakebus
@@ -138,3 +138,27 @@ def test_a_stopped_loop_leaves_no_socket_so_wakes_fall_back_to_the_queue(loops):
     assert not loop.listening
     wake.wake_reconcile()
     assert OrmQ.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_running_past_the_queues_timeout_reads_as_hung_until_it_ends(loops):
+    """The controller warns while `hung()` holds: the loop's wakes wait behind that pass, and
+    the ticker's passes take over only once its lease expires."""
+    now = [1000.0]
+    inside, release = threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        inside.set()
+        release.wait(10)
+
+    loop = started(loops, run=stuck, clock=lambda: now[0])
+    assert not loop.hung()
+    wake.wake_reconcile()
+    assert inside.wait(10)
+    now[0] += HUNG_AFTER
+    assert not loop.hung()
+    now[0] += 1
+    assert loop.hung()
+    release.set()
+    wait_until(lambda: loop.passes == 1, 10, "the pass to end")
+    assert not loop.hung()
