@@ -48,9 +48,8 @@ STANDDOWNS = Counter(
 )
 RECONCILE_WAKES = Counter(
     "zoomies_reconcile_wakes_total",
-    "Requests to wake the reconcile pass (asked), the wakes sent to a pass loop after their "
-    "commit (signalled: one a transaction), and the passes queued when no loop listened "
-    "(enqueued): a burst of webhooks asks many times and signals about once.",
+    "Requests to wake the reconcile pass (asked) and the passes they enqueued (enqueued): "
+    "a burst of webhooks asks many times and enqueues about once.",
     ["outcome"],
 )
 RECONCILE_SECONDS = Histogram(

@@ -45,7 +45,6 @@ log = logging.getLogger("zoomies.wakebus")
 TASK_QUEUE = "q"  # a django-q2 task was enqueued (the broker's pusher looks)
 AGENT_TASKS = "agent"  # an agent task is pending (the web process's task watcher looks)
 EVENTS = "events"  # an event row was committed to the outbox (the web process's relay looks)
-RECONCILE = "reconcile"  # something the reconcile pass acts on changed (the pass loop runs)
 
 _serial = 0
 _serial_lock = threading.Lock()
@@ -286,23 +285,16 @@ def notify_on_commit(topic: str, using: str = "default") -> None:
     Once per transaction, however many writes ask: a burst of 64 deliveries commits 64 event
     rows and sends one wake.
     """
+    from django.db import connections, transaction  # noqa: PLC0415
+
     notifier = _notifiers.get(topic)
     if notifier is None:
         notifier = _notifiers[topic] = lambda: notify(topic)
-    on_commit_once(notifier, using=using)
-
-
-def on_commit_once(callback: Any, using: str = "default") -> None:
-    """Run `callback` once the current transaction commits (at once outside one), once per
-    transaction however many times it is asked for. `callback` must not raise: it runs
-    after the commit, in the committer's thread."""
-    from django.db import connections, transaction  # noqa: PLC0415
-
     connection = connections[using]
     # Django keeps the callbacks of the open transaction, and drops those of a rolled-back
     # savepoint, in `run_on_commit` as (savepoint ids, callback, robust).
     if connection.in_atomic_block and any(
-        entry[1] is callback for entry in connection.run_on_commit
+        entry[1] is notifier for entry in connection.run_on_commit
     ):
         return
-    transaction.on_commit(callback, using=using)
+    transaction.on_commit(notifier, using=using)

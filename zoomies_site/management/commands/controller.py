@@ -30,7 +30,6 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from runners.pass_loop import HUNG_AFTER, PassLoop
 from zoomies_site import sandbox as sandbox_mod
 from zoomies_site.core import controller_lock, dbhealth, environment, metrics, registry, wakebus
 from zoomies_site.core.forked import ForkedChild, MetricsNotShared
@@ -409,11 +408,6 @@ class Command(BaseCommand):
 
     def _loop(self, lock, children: list[ForkedChild | InProcessCluster]) -> None:
         ticker = default_ticker(timezone.now())
-        # The woken passes run on a thread of their own, off the task queue (runners/wake.py).
-        passes = PassLoop()
-        if not passes.start():
-            log.warning("reconcile wakes go through the task queue: the wake bus is not set up")
-        hung_warned = False
         renew_every = registry.get("controller.lease_renew").total_seconds()
         # The write probe runs on a thread of its own: a ticker round enqueues through the
         # database (django-q2's ORM broker), and under another process's write lock each
@@ -436,13 +430,6 @@ class Command(BaseCommand):
                 if dead_generation is not None:
                     dead_generation = self._free_dead_generation(dead_generation, waits_until)
                 ticker.step(timezone.now())
-                if passes.hung() != hung_warned:
-                    hung_warned = not hung_warned
-                    if hung_warned:
-                        log.warning(
-                            "a woken reconcile pass has run for over %d s; the ticker's "
-                            "passes take over once its lease expires", HUNG_AFTER,
-                        )  # fmt: skip
                 if time.monotonic() >= next_close:
                     # The ticker's connection, afresh as often as the probe's: one broken by
                     # a database restart is never reopened by Django outside a request.
@@ -451,7 +438,6 @@ class Command(BaseCommand):
                 self.stopping.wait(0.5)
         finally:
             done.set()
-            passes.stop()
             # A renewal after the lease is released below would find it gone (LEASE-07).
             renewal.join(RENEWAL_JOIN_SECONDS)
 

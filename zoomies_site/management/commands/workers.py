@@ -23,7 +23,6 @@ from django.core.management.base import BaseCommand
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from runners.pass_loop import PassLoop
 from zoomies_site.core import leases
 from zoomies_site.core.forked import arm_parent_death_signal
 from zoomies_site.ticker import default_ticker
@@ -55,11 +54,6 @@ class Command(BaseCommand):
         holder = f"{socket.gethostname()}:{parent}:{secrets.token_hex(4)}"
         ticker = default_ticker(timezone.now())
         held = False
-        # The woken reconcile passes, on this process's thread while it holds the ticker:
-        # every workers process is woken, and one pass a wake is enough (runners/wake.py).
-        ticker_ours = threading.Event()
-        passes = PassLoop(active=ticker_ours.is_set)
-        passes.start()
         self.stdout.write(f"workers: cluster pid {cluster.pid}; ticker lease holder {holder}")
         try:
             while not stopping.is_set() and cluster.poll() is None:
@@ -69,7 +63,6 @@ class Command(BaseCommand):
                     if mine != held:
                         log.info("workers: the ticker %s", "is ours" if mine else "is elsewhere")
                         held = mine
-                        (ticker_ours.set if mine else ticker_ours.clear)()
                     if mine:
                         ticker.step(now)
                 except DatabaseError as exc:
@@ -77,7 +70,6 @@ class Command(BaseCommand):
                     connection.close()
                 stopping.wait(TICK_EVERY)
         finally:
-            passes.stop()
             if held:
                 try:
                     leases.release(TICKER_LEASE, holder=holder, force=True)
