@@ -348,7 +348,7 @@ def _runs_to_list(runs: list, memo: dict[int, str], *, full: bool) -> list[tuple
     held = set(Job.objects.filter(run_id__in=ids).values_list("run_id", flat=True).distinct())
     wanted = []
     for run in sorted(runs, key=lambda r: r["id"]):
-        stamp = f"{run.get('status')} {run.get('updated_at')}"
+        stamp = _stamp(run)
         seen = memo.get(run["id"])
         if seen == stamp:
             continue
@@ -370,20 +370,29 @@ class _Sweep:
     report: PollReport
 
 
+def _stamp(run: dict) -> str:
+    """What the memo keeps of a run: a change in either means its jobs may have changed."""
+    return f"{run.get('status')} {run.get('updated_at')}"
+
+
+def _list_run(
+    sw: _Sweep, repo: str, run_id: int, stamp: str, memo: dict[int, str], *, unheard: bool
+) -> None:
+    """One run's jobs, fed through, and the run remembered as listed at `stamp`."""
+    sw.budget.check()
+    try:
+        jobs = sw.client.run_jobs(repo, run_id).items
+    except NotFound as exc:  # the run was deleted between the two calls
+        sw.report.errors.setdefault(sw.installation.github_id, []).append(str(exc))
+        return
+    sw.report.runs_listed += 1
+    _feed(jobs, repo, sw.installation, sw.now, sw.report, unheard=unheard)
+    memo[run_id] = stamp
+
+
 def _list_and_feed(sw: _Sweep, repo: str, runs: list, memo: dict[int, str], *, full: bool):
-    installation, client, budget, now, report = (
-        sw.installation, sw.client, sw.budget, sw.now, sw.report
-    )  # fmt: skip
     for run_id, stamp in _runs_to_list(runs, memo, full=full):
-        budget.check()
-        try:
-            jobs = client.run_jobs(repo, run_id).items
-        except NotFound as exc:  # the run was deleted between the two calls
-            report.errors.setdefault(installation.github_id, []).append(str(exc))
-            continue
-        report.runs_listed += 1
-        _feed(jobs, repo, installation, now, report)
-        memo[run_id] = stamp
+        _list_run(sw, repo, run_id, stamp, memo, unheard=False)
 
 
 def _list_unheard(sw: _Sweep, repo: str, runs: list, memo: dict[int, str]) -> None:
@@ -398,21 +407,13 @@ def _list_unheard(sw: _Sweep, repo: str, runs: list, memo: dict[int, str]) -> No
     held = set(Job.objects.filter(run_id__in=ids).values_list("run_id", flat=True).distinct())
     looked = 0
     for run in sorted(runs, key=lambda r: r["id"]):
-        stamp = f"{run.get('status')} {run.get('updated_at')}"
+        stamp = _stamp(run)
         if run["id"] in held or memo.get(run["id"]) == stamp:
             continue
         if looked == MAX_RUN_LOOKUPS:
             break  # the rest next sweep
         looked += 1
-        sw.budget.check()
-        try:
-            jobs = sw.client.run_jobs(repo, run["id"]).items
-        except NotFound as exc:  # the run was deleted between the two calls
-            sw.report.errors.setdefault(sw.installation.github_id, []).append(str(exc))
-            continue
-        sw.report.runs_listed += 1
-        _feed(jobs, repo, sw.installation, sw.now, sw.report, unheard=True)
-        memo[run["id"]] = stamp
+        _list_run(sw, repo, run["id"], stamp, memo, unheard=True)
 
 
 def created_since(installation: Installation) -> datetime | None:
