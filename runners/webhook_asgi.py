@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -45,6 +46,50 @@ _HEADERS = [
     (b"referrer-policy", b"same-origin"),
     (b"cross-origin-opener-policy", b"same-origin"),
 ]
+
+
+class _AnswerRelay:
+    """Tells waiting routes that the writer has answered, one loop wake a burst.
+
+    asyncio.wrap_future wakes the event loop once per delivery (a write to its self-pipe
+    from the writer thread, and a read and a callback on the loop): a tenth of the writer's
+    time under load (docs/performance.md). Here the first answer of a burst schedules one
+    call on the loop and the rest of the burst rides along with it. The waiter only says
+    "done"; the route reads the answer itself from the writer's future.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+
+    def watch(self, future: Future, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """An asyncio future on `loop` that is done once `future` is."""
+        waiter: asyncio.Future[None] = loop.create_future()
+        future.add_done_callback(lambda _: self._done(loop, waiter))
+        return waiter
+
+    def _done(self, loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]) -> None:
+        with self._lock:
+            batch = self._ready.setdefault(loop, [])
+            batch.append(waiter)
+            first = len(batch) == 1
+        if not first:
+            return  # the call the batch's first answer scheduled will see this one too
+        try:
+            loop.call_soon_threadsafe(self._release, loop)
+        except RuntimeError:  # the loop has closed: nobody waits on it any more
+            with self._lock:
+                self._ready.pop(loop, None)
+
+    def _release(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            batch = self._ready.pop(loop, [])
+        for waiter in batch:
+            if not waiter.done():  # cancelled when its route stopped waiting
+                waiter.set_result(None)
+
+
+_relay = _AnswerRelay()
 
 
 def handles(scope: dict[str, Any]) -> bool:
@@ -162,8 +207,7 @@ async def application(scope, receive, send) -> None:
     # and the grace, a delivery it never began is withdrawn, so a 503 is never recorded
     # later (issue 21 item 19). asyncio.wait itself cancels nothing.
     loop = asyncio.get_running_loop()
-    waiting = {asyncio.wrap_future(future)}
-    _read_when_done(waiting)
+    waiting = {_relay.watch(future, loop)}
     grace = deadline + webhook_writer.LATE_GRACE - loop.time()
     done, _ = await asyncio.wait(waiting, timeout=max(grace, 0.001))
     if not done:
@@ -177,17 +221,3 @@ async def application(scope, receive, send) -> None:
             return
     outcome = webhook_writer.settle(future, delivery_id)
     await _answer(send, outcome, retry_after=outcome.status == 503)
-
-
-def _retrieve(future: asyncio.Future) -> None:
-    if not future.cancelled():
-        future.exception()
-
-
-def _read_when_done(waiting: set[asyncio.Future]) -> None:
-    """The writer's word is read from its own future (webhook_writer.settle), or never when
-    the route answered 503 first; the asyncio wrapper's copy of an exception (often
-    TooLate) is read here, or asyncio logs "Future exception was never retrieved" (one
-    fuzz run in ten)."""
-    for waited in waiting:
-        waited.add_done_callback(_retrieve)

@@ -103,6 +103,11 @@ class BoundedRequest(WebRequest):
 
     def __init__(self, channel, *args, **kwargs):
         super().__init__(channel, *args, **kwargs)
+        # daphne hands the body to the ASGI app as bytes and never reads twisted's form
+        # arguments; left on, twisted parses every POST's Content-Type with the email
+        # package (a tenth of the event loop's time under webhook load, docs/performance.md)
+        # and a multipart body of anyone's before the app has looked at the request.
+        self._parsePOSTFormSubmission = False
         self._limits: Limits = channel.factory.limits
         self._started = time.monotonic()
         self._length: int | None = None

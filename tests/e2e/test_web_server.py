@@ -163,6 +163,30 @@ def test_one_client_cannot_hold_more_than_its_share_of_connections(tmp_path):
         controller.stop()
 
 
+def test_the_server_leaves_a_post_body_to_the_application_whatever_its_content_type(tmp_path):
+    """twisted's own form parsing is off (zoomies_site/server.py): a POST that says it is
+    multipart but is not reaches the application, which answers in its own words, rather
+    than twisted's bare 400 from parsing a body nobody asked it to read."""
+    data = tmp_path / "data"
+    data.mkdir()
+    controller = Controller(data)
+    try:
+        controller.start("--no-agent")
+        body = b"not a multipart body"
+        sock = socket.create_connection(("127.0.0.1", controller.port), timeout=30)
+        sock.sendall(
+            b"POST /webhooks/github HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Type: multipart/form-data; boundary=zz\r\nX-GitHub-Event: ping\r\n"
+            b"X-GitHub-Delivery: d-1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        got = answer(sock)
+        status, _, rest = got.partition(b"\r\n")
+        assert status.startswith(b"HTTP/1.1 401 "), got
+        assert b"application/json" in rest and b"unsigned deliveries are never accepted" in rest
+    finally:
+        controller.stop()
+
+
 def test_behind_a_proxy_the_cap_counts_each_forwarded_client_not_the_proxy(tmp_path):
     """Issue 21 item 12: with server.tls_proxy every client arrives from the proxy's address,
     so counting connections per address would let one slow client lock out everyone. There

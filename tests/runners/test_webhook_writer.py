@@ -283,3 +283,41 @@ def test_the_writer_writes_a_burst_again_on_a_fresh_connection_when_its_kept_one
     assert answer.status == 200
     assert calls == [1, 1]
     assert Job.objects.filter(github_id=5_400_001).count() == 1
+
+
+def test_a_burst_of_answers_wakes_the_event_loop_once_and_every_route_sees_its_own():
+    """The relay (runners/webhook_asgi.py): the writer answering 50 deliveries in a row
+    costs one call into the loop, not 50; each route's waiter is done, a waiter whose
+    future was done before it was watched too, and a closed loop raises nothing."""
+    loop = asyncio.new_event_loop()
+    calls = []
+    real = loop.call_soon_threadsafe
+
+    def counted(callback, *args):
+        calls.append(callback)
+        return real(callback, *args)
+
+    loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+    relay = webhook_asgi._AnswerRelay()
+    futures = [webhook_writer.Future() for _ in range(50)]
+    waiters = [relay.watch(f, loop) for f in futures]
+
+    def answer_all() -> None:  # as the writer thread does, one after the other
+        for i, future in enumerate(futures):
+            future.set_result(i)
+
+    writer = threading.Thread(target=answer_all)
+    writer.start()
+    writer.join()
+    loop.run_until_complete(asyncio.wait_for(asyncio.gather(*waiters), 10))
+    assert len(calls) == 1
+    assert [f.result() for f in futures] == list(range(50))
+    already = webhook_writer.Future()
+    already.set_result("early")
+    loop.run_until_complete(asyncio.wait_for(relay.watch(already, loop), 10))
+    assert len(calls) == 2
+    loop.close()
+    late = webhook_writer.Future()
+    relay.watch(late, loop)
+    late.set_result(1)  # the loop closed before the answer: nothing raises, nothing is kept
+    assert relay._ready == {}
