@@ -20,6 +20,9 @@ ap.add_argument("--project", default=".")
 ap.add_argument("--workdir", required=True)
 ap.add_argument("--duration", type=int, default=20)
 ap.add_argument("--conns", type=int, default=16)
+ap.add_argument("--web", type=int, default=0,
+                help="N `manage.py web --reuse-port` processes and one `manage.py workers` on the "
+                     "same SQLite file instead of the controller (the scale-out shape, no Redis)")
 ap.add_argument("--floor", action="store_true",
                 help="serve bench/floor_asgi.py under daphne instead: the web server's own cost")
 a = ap.parse_args()
@@ -39,6 +42,9 @@ else:
     subprocess.run([py, "manage.py", "add_installation", "--id", str(tmpl["installation"]["id"]),
                     "--account", harness.OWNER, "--repo", f"{harness.OWNER}/{harness.REPO}"], **run)
     serve = [py, "manage.py", "controller", "--bind", f"127.0.0.1:{port}", "--no-agent"]
+    if a.web:  # one shell waits on them all, so the tree's CPU counts every one
+        web = f"{py} manage.py web --bind 127.0.0.1:{port} --reuse-port"
+        serve = ["sh", "-c", " & ".join([f"{py} manage.py workers"] + [web] * a.web) + " & wait"]
 log = open(f"{work}/controller.log", "w")
 ctl = subprocess.Popen(serve, cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT,
                        start_new_session=True)

@@ -279,9 +279,19 @@ def test_the_long_poll_answers_empty_after_the_wait_and_needs_a_token(agent_api,
         waits.append((host_id, timeout, woken))
         return woken
 
+    takes: list[int] = []
+    real_take = api._take
+
+    def counted_take(host_id, polled_at):
+        takes.append(host_id)
+        return real_take(host_id, polled_at)
+
     monkeypatch.setattr(wakeups, "wait_for_work", recorded_wait)
+    monkeypatch.setattr(api, "_take", counted_take)
     answer = agent_api.get("tasks?wait=1", token=token)
     assert answer.status_code == 200 and answer.json() == {"tasks": []}
+    # One look when the poll came in; a wait that ran out unwoken does not look again.
+    assert takes == [host.pk]
     # The wait is honoured: rather than answering at once, the poll handed the rest of its
     # second to the watcher, which was never woken (the answer came when that wait ran out).
     assert waits and 0 < waits[0][1] <= 1
