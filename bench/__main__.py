@@ -248,6 +248,36 @@ def _garm_round(run: Run, side: str, round_no: int, conns: int = GARM_CONNECTION
             "wrapped": wrk.get("wrapped", 0)}  # fmt: skip
 
 
+# GARM's harness posts a burst's deliveries on this many connections; the queued step sends
+# Zoomies' with as many threads, so the burst rows compare like with like.
+BURST_SENDERS = 8
+
+
+def _garm_bursts(run: Run) -> dict[int, float]:
+    """GARM's burst phase (bench/garm/bench.py: the jobs POSTed at once, to its last
+    CreateInstance at its provider), once for each of the queued step's burst sizes: the
+    same-run peer of that step's "last create handed out". GARM's provider is a script
+    that returns at once, so no runner starts beside it; Zoomies' bursts start theirs."""
+    last: dict[int, float] = {}
+    for n in BURSTS:
+        work = run.out / "garm-bursts" / str(n)
+        shutil.rmtree(work, ignore_errors=True)
+        argv = ["bench/garm/bench.py", "--phases", "burst", "--bursts", str(n), "--burst-reps",
+                "1", "--burst-conns", str(BURST_SENDERS), "--workdir", str(work)]  # fmt: skip
+        with (run.out / f"garm-burst-{n}.txt").open("w") as log:
+            done = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=900, check=False)  # fmt: skip
+        if done.returncode != 0:
+            run.failures.append(f"garm burst {n}: exit {done.returncode}")
+            continue
+        found = json.loads((work / "results.json").read_text())["burst"][str(n)]["runs"][0]
+        if found.get("last_s") is None:
+            run.failures.append(f"garm burst {n}: {found.get('creates_seen')} of {n} creates")
+            continue
+        last[n] = found["last_s"]
+    return last
+
+
 def step_garm(run: Run) -> None:
     """Webhook ingest beside GARM, the closest peer, in alternating rounds of the same wrk
     script and payload (the issue's comparison): only when GARM_BIN names a built GARM."""
@@ -305,6 +335,8 @@ def step_garm(run: Run) -> None:
                 more["garm"]["p99"])  # fmt: skip
         run.add("garm", f"CPU per delivery, {c} connections", more["zoomies"]["cpu_ms"], "ms",
                 "GARM", more["garm"]["cpu_ms"], "<= 1 ms")  # fmt: skip
+    if not run.quick:
+        run.details["garm_burst"] = _garm_bursts(run)
     # A body file that ran out sends redeliveries, which cost less than new jobs: a round
     # with any is not a fair one, so it is counted here rather than hidden.
     sides = [*(r for name in ("garm", "zoomies") for r in rounds[name]),
@@ -346,7 +378,8 @@ def step_queued(run: Run) -> None:
     if run.quick:
         argv = ["--singles", "10", "--bursts", "20"]
     else:
-        argv = ["--singles", str(SINGLES), "--bursts", *map(str, BURSTS), "--timeout", "300"]
+        argv = ["--singles", str(SINGLES), "--bursts", *map(str, BURSTS), "--timeout", "300",
+                "--senders", str(BURST_SENDERS)]  # fmt: skip
     figures = run.child("queued_to_running", ["bench/queued_to_running.py", *argv], timeout=900)
     if not isinstance(figures, dict):
         return
@@ -354,8 +387,10 @@ def step_queued(run: Run) -> None:
     for burst in figures["bursts"]:
         n = burst["size"]
         run.load = burst["load_before"]
+        garm = run.details.get("garm_burst", {}).get(n)
         run.add("queued", f"burst of {n}: last create handed out", burst["last_handed_s"], "s",
-                "", None, BURST_TARGETS.get(n, ""))  # fmt: skip
+                "GARM, same run: last CreateInstance (no runner starts)" if garm else "", garm,
+                BURST_TARGETS.get(n, ""))  # fmt: skip
         run.add("queued", f"burst of {n}: last job running", burst["last_running_s"], "s")
         run.add("queued", f"burst of {n}: webhook answered p99", burst["delivered_p99_s"], "s")
         run.add("queued", f"burst of {n}: all completed", burst["total_s"], "s")
@@ -366,7 +401,7 @@ def step_queued(run: Run) -> None:
     shaped = run.child(
         "queued_to_running-scale-out",
         ["bench/queued_to_running.py", "--singles", "0", "--bursts", *map(str, BURSTS),
-         "--timeout", "300", "--web", "4"],
+         "--timeout", "300", "--web", "4", "--senders", str(BURST_SENDERS)],
         timeout=900,
     )  # fmt: skip
     if isinstance(shaped, dict):
