@@ -85,7 +85,7 @@ class _AnswerRelay:
         with self._lock:
             batch = self._ready.pop(loop, [])
         for waiter in batch:
-            if not waiter.done():  # cancelled when its route stopped waiting
+            if not waiter.done():  # never set twice, whoever else may have cancelled it
                 waiter.set_result(None)
 
 

@@ -15,7 +15,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from contextlib import contextmanager
 
 import httpx
@@ -299,7 +299,7 @@ def test_a_burst_of_answers_wakes_the_event_loop_once_and_every_route_sees_its_o
 
     loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
     relay = webhook_asgi._AnswerRelay()
-    futures = [webhook_writer.Future() for _ in range(50)]
+    futures = [Future() for _ in range(50)]
     waiters = [relay.watch(f, loop) for f in futures]
 
     def answer_all() -> None:  # as the writer thread does, one after the other
@@ -312,12 +312,12 @@ def test_a_burst_of_answers_wakes_the_event_loop_once_and_every_route_sees_its_o
     loop.run_until_complete(asyncio.wait_for(asyncio.gather(*waiters), 10))
     assert len(calls) == 1
     assert [f.result() for f in futures] == list(range(50))
-    already = webhook_writer.Future()
+    already = Future()
     already.set_result("early")
     loop.run_until_complete(asyncio.wait_for(relay.watch(already, loop), 10))
     assert len(calls) == 2
     loop.close()
-    late = webhook_writer.Future()
+    late = Future()
     relay.watch(late, loop)
     late.set_result(1)  # the loop closed before the answer: nothing raises, nothing is kept
     assert relay._ready == {}
