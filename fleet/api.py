@@ -364,16 +364,15 @@ async def _long_poll(request: HttpRequest) -> JsonResponse:
     while True:
         taken, cordoned = await _on_the_poll_threads(_take)(host_id, polled_at)
         remaining = deadline - time.monotonic()
-        if taken or remaining <= 0:
-            # Each one a protocol.Task; the cordon rides along (protocol.TaskList).
-            return JsonResponse(protocol.TaskList(cordoned=cordoned).to_json() | {"tasks": taken})
         # A wake is only a hint (another poll may take the task first, or a create may turn
         # out to be cancelled), so the loop takes again and waits out the rest if need be.
         # A wait that ran out unwoken answers empty without a second look: the agent polls
         # again at once, and that poll's first take finds whatever came in the last instant
         # (a third of an idle fleet's database calls, docs/performance.md).
-        if not await wakeups.wait_for_work(host_id, remaining):
-            return JsonResponse(protocol.TaskList(cordoned=None).to_json() | {"tasks": []})
+        if not taken and remaining > 0 and await wakeups.wait_for_work(host_id, remaining):
+            continue
+        # Each one a protocol.Task; the cordon rides along (protocol.TaskList).
+        return JsonResponse(protocol.TaskList(cordoned=cordoned).to_json() | {"tasks": taken})
 
 
 # -- runner logs (LOG-02) -----------------------------------------------------------------
