@@ -34,6 +34,15 @@ def record_many(*, actor: str, action: str, targets: list[Any], detail: dict | N
     return len(AuditLog.objects.bulk_create(rows))
 
 
+def record_each(entries: list[tuple[str, str, Any, dict | None, datetime]]) -> int:
+    """One row per (actor, action, target, detail, at), in one INSERT and in that order: a
+    group of different changes, each audited as `record` would."""
+    rows = [
+        _entry(actor, action, target, detail, at) for actor, action, target, detail, at in entries
+    ]
+    return len(AuditLog.objects.bulk_create(rows)) if rows else 0
+
+
 def _entry(actor: str, action: str, target: Any, detail: dict | None, at: datetime) -> AuditLog:
     return AuditLog(
         at=at,

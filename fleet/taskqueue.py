@@ -79,18 +79,39 @@ def enqueue_task(
     """A pending task, written in the caller's transaction; its host's polls are woken once
     it commits."""
     task = AgentTask.objects.create(
-        host_id=host_id,
-        runner_id=runner_id,
-        kind=kind,
-        payload=seal_env(payload),
         state=TaskState.PENDING,
-        attempt=0,
-        max_attempts=1 if kind in ONCE_KINDS else registry.get("tasks.max_attempts"),
-        lease_seconds=int(lease_for(kind).total_seconds()),
-        created_at=now,
+        **_pending_fields(
+            host_id=host_id, runner_id=runner_id, kind=kind, payload=payload, now=now
+        ),
     )
     notify_host_on_commit(host_id)
     return task
+
+
+def enqueue_tasks(tasks: list[dict[str, Any]]) -> list[AgentTask]:
+    """Pending tasks (each given as `enqueue_task`'s keywords) in one INSERT, in the caller's
+    transaction; each host's polls woken once when it commits."""
+    created = AgentTask.objects.bulk_create(
+        [AgentTask(state=TaskState.PENDING, **_pending_fields(**t)) for t in tasks]
+    )
+    for host_id in dict.fromkeys(t["host_id"] for t in tasks):
+        notify_host_on_commit(host_id)
+    return created
+
+
+def _pending_fields(
+    *, host_id: int, runner_id: int | None, kind: str, payload: dict, now: datetime
+) -> dict[str, Any]:
+    return {
+        "host_id": host_id,
+        "runner_id": runner_id,
+        "kind": kind,
+        "payload": seal_env(payload),
+        "attempt": 0,
+        "max_attempts": 1 if kind in ONCE_KINDS else registry.get("tasks.max_attempts"),
+        "lease_seconds": int(lease_for(kind).total_seconds()),
+        "created_at": now,
+    }
 
 
 def seal_env(payload: dict) -> dict:

@@ -7,7 +7,7 @@ count of 0 means another writer won or the edge is illegal, and nothing is force
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -25,7 +25,7 @@ from runners.states import (
     can_transition,
     sources_of,
 )
-from zoomies_site.core.events import emit
+from zoomies_site.core.events import emit, emit_each
 
 log = logging.getLogger("zoomies.runners")
 
@@ -97,26 +97,80 @@ def transition_runner(
                 reason or actor,
             )
             return TransitionResult(False, current, current, dropped=True)
-        fields: dict[str, Any] = {"state": new_state, "state_changed_at": now, **(extra or {})}
-        if message is not None:
-            fields["message"] = message
-        if new_state in TERMINAL_STATES:
-            fields["finished_at"] = Coalesce("finished_at", Value(now))
-        if new_state == RunnerState.FAILED:
-            fields["failed_at"] = Coalesce("failed_at", Value(now))
-        if new_state == RunnerState.BUSY:
-            # GitHub gave it a job: it is online, whatever the online check last saw.
-            fields["online_at"] = Coalesce("online_at", Value(now))
         # The guard repeats the allow-list in SQL: a concurrent writer that moved the row
         # since the read above makes this count 0 instead of forcing an edge.
         moved = Runner.objects.filter(
             pk=runner_id, state=current, state__in=sources_of(new_state)
-        ).update(**fields)
+        ).update(state=new_state, **_move_fields(new_state, now, message, extra))
         if not moved:
             latest = Runner.objects.filter(pk=runner_id).values_list("state", flat=True).first()
             return TransitionResult(False, current, latest)
         _record_move(runner_id, current, new_state, now=now, actor=actor, reason=reason)
     return TransitionResult(True, current, new_state)
+
+
+def _move_fields(
+    new_state: str, now: datetime, message: str | None, extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What a move writes beside the state itself (which its writers name, so the
+    one-writer scan sees them)."""
+    fields: dict[str, Any] = {"state_changed_at": now, **(extra or {})}
+    if message is not None:
+        fields["message"] = message
+    if new_state in TERMINAL_STATES:
+        fields["finished_at"] = Coalesce("finished_at", Value(now))
+    if new_state == RunnerState.FAILED:
+        fields["failed_at"] = Coalesce("failed_at", Value(now))
+    if new_state == RunnerState.BUSY:
+        # GitHub gave it a job: it is online, whatever the online check last saw.
+        fields["online_at"] = Coalesce("online_at", Value(now))
+    return fields
+
+
+class MoveLost(Exception):
+    """A move of `transition_read_runners` found its row changed since the caller read it."""
+
+
+@dataclass(frozen=True)
+class RunnerMove:
+    """One move of `transition_read_runners`: `runner` as read, locked, in this transaction."""
+
+    runner: Runner
+    new_state: str
+    now: datetime
+    reason: str
+
+
+def transition_read_runners(moves: Sequence[RunnerMove], *, actor: str) -> None:
+    """Move runners the caller read and locked in its transaction, a group at once: what
+    `transition_runner` does for each, without reading each row again and with one INSERT
+    for all their audit rows and one for their events (a burst of webhooks,
+    runners.actions.jobs.apply_job_moves_together).
+
+    Each move must be legal from the state read (ValueError otherwise: the caller chose
+    wrongly) and is still a compare-and-set on it; one that finds its row moved meanwhile
+    raises MoveLost, and the caller's savepoint takes the whole group back.
+    """
+    for move in moves:
+        runner, new_state = move.runner, RunnerState(move.new_state)
+        current = runner.state
+        reuse = runner.ephemeral and (current, new_state) == (RunnerState.BUSY, RunnerState.IDLE)
+        if current == new_state or reuse or not can_transition(current, new_state):
+            raise ValueError(f"runner {runner.pk}: {current} -> {new_state} is not a move")
+        moved = Runner.objects.filter(
+            pk=runner.pk, state=current, state__in=sources_of(new_state)
+        ).update(state=new_state, **_move_fields(new_state, move.now, None, None))
+        if not moved:
+            raise MoveLost(f"runner {runner.pk} is no longer {current}")
+    audit.record_each(
+        [
+            (actor, f"runner.{m.new_state}", Runner(pk=m.runner.pk),
+             {"from": m.runner.state, "to": str(RunnerState(m.new_state)), "reason": m.reason},
+             m.now)
+            for m in moves
+        ]
+    )  # fmt: skip
+    emit_each([(f"runner.{m.new_state}", Runner(pk=m.runner.pk), m.now) for m in moves])
 
 
 def revive_runner(

@@ -20,7 +20,7 @@ import hmac
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -31,8 +31,10 @@ from django.db.models import Q
 
 from runners.actions import JobUpdate, apply_job_update, normalise_status, record_new_queued_jobs
 from runners.actions import installations as installation_actions
+from runners.actions.jobs import JobMove, apply_job_moves_together, choose_job_moves
 from runners.models import Installation, Job, WebhookDelivery
 from runners.states import JobStatus
+from runners.transitions import MoveLost
 from runners.wake import wake_reconcile
 
 log = logging.getLogger("zoomies.webhooks")
@@ -577,6 +579,99 @@ def _record_new_queued(deliveries: list[Delivery], burst: _Burst) -> None:
         burst.saw(owner, delivery.received_at)  # type: ignore[arg-type]
 
 
+def _known_job_moves(
+    deliveries: Sequence[Delivery], burst: _Burst, taken: set[int]
+) -> dict[int, JobMove]:
+    """The deliveries of a burst (by index) that move a known job forward to in_progress or
+    completed in the common way `choose_job_moves` describes: a busy fleet's other two
+    deliveries a job, written together by `_record_known_moves` in about two statements
+    each instead of twenty. Each job, delivery id and runner name must be the burst's only
+    one (the group is written before the deliveries that go one by one, so nothing it
+    touches may be touched by them, nor a runner their jobs name), and a burst that changes
+    installations goes one by one whole (an installation event may change who owns the
+    deliveries after it)."""
+    if any(d.event in ("installation", "installation_repositories") for d in deliveries):
+        return {}
+    ids = Counter(d.delivery_id for d in deliveries)
+    jobs = Counter(d.update.github_id for d in deliveries if d.update is not None)
+    names = Counter(d.update.runner_name for d in deliveries if d.update is not None)
+    candidates = [
+        i
+        for i, d in enumerate(deliveries)
+        if i not in taken
+        and d.event == "workflow_job"
+        and d.update is not None
+        and d.update.runner_name
+        and ids[d.delivery_id] == 1
+        and jobs[d.update.github_id] == 1
+        and names[d.update.runner_name] == 1
+        and normalise_status(d.update.status) in (JobStatus.IN_PROGRESS, JobStatus.COMPLETED)
+        and burst.owner(d.payload) is not None
+    ]
+    if len(candidates) < BULK_FROM:
+        return {}
+    known_ids = set(
+        WebhookDelivery.objects.filter(
+            delivery_id__in=[deliveries[i].delivery_id for i in candidates]
+        ).values_list("delivery_id", flat=True)
+    )
+    # A delivery going one by one moves the runner its job names in the row when its own
+    # update names none (a job cancelled while running): that runner is not the group's.
+    grouped = set(candidates)
+    others = [d.update.github_id for i, d in enumerate(deliveries)
+              if d.update is not None and i not in grouped]  # fmt: skip
+    theirs = set(
+        Job.objects.filter(github_id__in=others).exclude(runner_name="").values_list(
+            "runner_name", flat=True)
+    ) if others else set()  # fmt: skip
+    candidates = [
+        i
+        for i in candidates
+        if deliveries[i].delivery_id not in known_ids
+        and deliveries[i].update.runner_name not in theirs  # type: ignore[union-attr]
+    ]
+    if len(candidates) < BULK_FROM:
+        return {}
+    chosen = choose_job_moves(
+        [(deliveries[i].update, burst.owner(deliveries[i].payload), deliveries[i].received_at)
+         for i in candidates]  # type: ignore[misc]
+    )  # fmt: skip
+    moves = {i: move for i, move in zip(candidates, chosen, strict=True) if move is not None}
+    return moves if len(moves) >= BULK_FROM else {}
+
+
+def _record_known_moves(deliveries: Sequence[Delivery], moves: dict[int, JobMove]) -> None:
+    """The delivery rows and their jobs' moves (HOOK-02 as one by one: the caller's
+    savepoint holds both)."""
+    WebhookDelivery.objects.bulk_create(
+        [WebhookDelivery(**_delivery_fields(deliveries[i], moves[i].installation))
+         for i in sorted(moves)]
+    )  # fmt: skip
+    apply_job_moves_together([moves[i] for i in sorted(moves)], source="webhook", actor=ACTOR)
+
+
+def _written_together(write: Callable[[], None], what: str) -> bool:
+    """Run a group's write in a savepoint; False when it did not hold and each of the group
+    must go one by one instead."""
+    try:
+        with transaction.atomic():
+            write()
+    except (OperationalError, InterfaceError):
+        raise  # the database itself (locked, gone): the writer's to answer, as before
+    except Exception as exc:
+        if transaction.get_rollback():
+            raise
+        # Another process wrote one of them meanwhile, or a row broke (or, a bug, the group
+        # held one it should not): each goes one by one, where a duplicate or a failure
+        # takes no other with it.
+        expected = isinstance(exc, (DatabaseError, MoveLost))
+        log.log(logging.INFO if expected else logging.WARNING,
+                "a burst's %s were not written together (%s): one by one", what, exc,
+                exc_info=not expected)  # fmt: skip
+        return False
+    return True
+
+
 def record(deliveries: Sequence[Delivery]) -> list[Outcome | Exception]:
     """Record a burst of checked deliveries in ONE transaction; an answer for each, in order.
 
@@ -592,19 +687,16 @@ def record(deliveries: Sequence[Delivery]) -> list[Outcome | Exception]:
     answers: list[Outcome | Exception] = []
     with transaction.atomic():
         together = set(_new_queued_jobs(deliveries, burst))
-        if together:
-            try:
-                with transaction.atomic():
-                    _record_new_queued([deliveries[i] for i in sorted(together)], burst)
-            except (OperationalError, InterfaceError):
-                raise  # the database itself (locked, gone): the writer's to answer, as before
-            except DatabaseError as exc:
-                if transaction.get_rollback():
-                    raise
-                # Another process recorded one of them meanwhile, or a row broke: each goes
-                # one by one below, where a duplicate or a failure takes no other with it.
-                log.info("a burst's new jobs were not written together (%s): one by one", exc)
-                together = set()
+        if together and not _written_together(
+            lambda: _record_new_queued([deliveries[i] for i in sorted(together)], burst),
+            "new jobs",
+        ):
+            together = set()
+        moves = _known_job_moves(deliveries, burst, together)
+        if moves and _written_together(lambda: _record_known_moves(deliveries, moves), "moves"):
+            for i in moves:
+                burst.saw(moves[i].installation, deliveries[i].received_at)  # type: ignore[arg-type]
+            together |= set(moves)
         for index, delivery in enumerate(deliveries):
             if index in together:
                 answers.append(

@@ -9,13 +9,17 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from accounts import audit
+from fleet.models import AgentTask
+from fleet.states import OPEN_TASK_STATES
 from runners.actions import steps
 from runners.models import Installation, Job, Runner
-from runners.states import JobStatus, job_statuses_before
+from runners.states import JobStatus, RunnerState, can_transition, job_statuses_before
+from runners.transitions import MoveLost, RunnerMove, transition_read_runners
 from zoomies_site.core import metrics
-from zoomies_site.core.events import emit, emit_many
+from zoomies_site.core.events import emit, emit_each, emit_many
 
 log = logging.getLogger("zoomies.runners")
 
@@ -147,6 +151,120 @@ def record_new_queued_jobs(
     emit_many(f"job.{JobStatus.QUEUED}", Job, [job.pk for job in created],
               at=max(received for _, _, received in updates))  # fmt: skip
     return created
+
+
+@dataclass(frozen=True)
+class JobMove:
+    """One update of a group `apply_job_moves_together` writes, with the job and the runner
+    it moves as `choose_job_moves` read them (the runner locked) in this transaction."""
+
+    update: JobUpdate
+    status: str  # the update's, normalised
+    installation: Installation | None
+    now: datetime
+    job: Job
+    runner: Runner
+
+
+def choose_job_moves(
+    updates: list[tuple[JobUpdate, Installation | None, datetime]],
+) -> list[JobMove | None]:
+    """For each update, its JobMove when it is a busy fleet's common case, else None (it
+    goes through `apply_job_update`, one by one): a known job moving forward to in_progress
+    on a runner that can turn busy (the job linked to no other runner), or to completed on
+    the busy ephemeral runner it is linked to, which has a host and no open task. In three
+    statements for the group; the runners are locked, as `apply_job_update` locks each. The
+    caller sends each job and each runner name at most once."""
+    names = sorted({update.runner_name for update, _, _ in updates})
+    runners = {
+        r.name: r for r in Runner.objects.select_for_update().filter(name__in=names).order_by("pk")
+    }
+    jobs = {
+        j.github_id: j
+        for j in Job.objects.filter(github_id__in=[update.github_id for update, _, _ in updates])
+    }
+    with_open_tasks = set(
+        AgentTask.objects.filter(
+            runner_id__in=[r.pk for r in runners.values()], state__in=OPEN_TASK_STATES
+        ).values_list("runner_id", flat=True)
+    )
+    moves: list[JobMove | None] = []
+    for update, installation, now in updates:
+        job, runner = jobs.get(update.github_id), runners.get(update.runner_name)
+        status = normalise_status(update.status)
+        fits = (
+            job is not None
+            and runner is not None
+            and status is not None
+            and job.status in job_statuses_before(status)
+            and _moves_together(status, job, runner, runner.pk in with_open_tasks)
+        )
+        moves.append(
+            JobMove(update, status, installation, now, job, runner) if fits else None  # type: ignore[arg-type]
+        )
+    return moves
+
+
+def _moves_together(status: str, job: Job, runner: Runner, open_task: bool) -> bool:
+    if status == JobStatus.IN_PROGRESS:
+        return (
+            job.runner_id in (None, runner.pk)
+            and runner.state != RunnerState.BUSY
+            and can_transition(runner.state, RunnerState.BUSY)
+        )
+    return (
+        status == JobStatus.COMPLETED
+        and job.status == JobStatus.IN_PROGRESS
+        and job.runner_id == runner.pk
+        and runner.state == RunnerState.BUSY
+        and runner.ephemeral
+        and runner.host_id is not None
+        and not open_task
+    )
+
+
+def apply_job_moves_together(moves: list[JobMove], *, source: str, actor: str) -> None:
+    """What `apply_job_update` writes for each move `choose_job_moves` chose, with one
+    UPDATE a job and a runner and one INSERT for all the audit rows, events and stop tasks
+    of each kind: a burst of webhooks' in_progress and completed deliveries
+    (runners.webhooks). A job or runner that moved since it was read raises MoveLost, and
+    the caller's savepoint takes the whole group back."""
+    audits: list[tuple[str, str, Any, dict | None, datetime]] = []
+    events: list[tuple[str, Any, datetime]] = []
+    started: list[RunnerMove] = []
+    finished: list[tuple[Runner, int, datetime]] = []
+    for move in moves:
+        job, runner, update, status = move.job, move.runner, move.update, move.status
+        fields = _job_fields(update, status, move.now, source)
+        if move.installation is not None and job.installation_id is None:
+            fields["installation"] = move.installation
+        linked = job.runner_id != runner.pk
+        if linked:
+            fields["runner"] = runner  # HOOK-05
+        moved = Job.objects.filter(pk=job.pk, status__in=job_statuses_before(status)).update(
+            status=status, **fields
+        )
+        if not moved:
+            raise MoveLost(f"job {job.github_id} is no longer {job.status}")
+        audits.append((actor, f"job.{status}", job, {"from": job.status, "source": source},
+                       timezone.now()))  # fmt: skip
+        events.append((f"job.{status}", job, move.now))
+        if linked:
+            events.append(("job.linked", job, move.now))
+        if status == JobStatus.IN_PROGRESS:
+            started.append(
+                RunnerMove(runner, RunnerState.BUSY, move.now, f"job {job.github_id} started")
+            )
+            created_at, started_at = job.created_at, update.started_at or job.started_at
+            transaction.on_commit(
+                lambda c=created_at, s=started_at: metrics.job_started(c, s)  # type: ignore[misc]
+            )
+        else:
+            finished.append((runner, job.github_id, move.now))  # HOOK-06
+    audit.record_each(audits)
+    emit_each(events)
+    transition_read_runners(started, actor=actor)
+    steps.drain_finished_together(finished, actor=actor)
 
 
 def apply_job_update(

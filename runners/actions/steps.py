@@ -17,10 +17,16 @@ from django.db.models import Q
 from accounts import audit
 from fleet.models import AgentTask, Host
 from fleet.states import OPEN_TASK_STATES, HostHealth, TaskKind, TaskState
-from fleet.taskqueue import cancel_tasks, enqueue_task
+from fleet.taskqueue import cancel_tasks, enqueue_task, enqueue_tasks
 from runners.models import Job, Runner
 from runners.states import JOB_RANK, LIVE_STATES, JobStatus, RunnerState
-from runners.transitions import TransitionResult, revive_runner, transition_runner
+from runners.transitions import (
+    RunnerMove,
+    TransitionResult,
+    revive_runner,
+    transition_read_runners,
+    transition_runner,
+)
 from zoomies_site.core import registry
 from zoomies_site.core.events import emit
 
@@ -280,6 +286,39 @@ def finish_job_runner(job: Job, *, now: datetime, actor: str) -> None:
         drain(runner, now=now, actor=actor, reason=f"job {job.github_id} completed")
     elif runner.state == RunnerState.BUSY:
         transition_runner(runner.pk, RunnerState.IDLE, now=now, actor=actor, reason="job finished")
+
+
+def drain_finished_together(finished: list[tuple[Runner, int, datetime]], *, actor: str) -> None:
+    """HOOK-06 for a group of (busy ephemeral runner as read and locked, the github id of
+    its job that completed, when): what `finish_job_runner` and `drain` do for each, in a
+    few statements for all. The caller chose runners with a host and no open task, so
+    nothing is cancelled and each gets its stop task, after the drain grace (RUN-11)."""
+    if not finished:
+        return
+    Runner.objects.filter(
+        pk__in=[runner.pk for runner, _, _ in finished], drain_deferred_until__isnull=False
+    ).update(drain_deferred_until=None)
+    transition_read_runners(
+        [
+            RunnerMove(runner, RunnerState.DRAINING, now, f"job {github_id} completed")
+            for runner, github_id, now in finished
+        ],
+        actor=actor,
+    )
+    grace = int(registry.get("runners.drain_grace").total_seconds())
+    timeout = int(registry.get("agent.stop_margin").total_seconds())
+    enqueue_tasks(
+        [
+            {
+                "host_id": runner.host_id,
+                "runner_id": runner.pk,
+                "kind": TaskKind.STOP_RUNNER,
+                "payload": {"runner_id": runner.pk, "grace": grace, "timeout": timeout},
+                "now": now,
+            }
+            for runner, _, now in finished
+        ]
+    )
 
 
 def spare_busy_workloads(

@@ -33,11 +33,15 @@ OWNERS: dict[tuple[str, str], set[str]] = {
         # Issue 21 item 20: the one guarded edge off the allow-list (failed -> busy).
         "runners/transitions.py::revive_runner",
         "runners/actions/lifecycle.py::create_runner",
+        # Issue 28: runners a burst of webhooks moves, read and locked by their caller.
+        "runners/transitions.py::transition_read_runners",
     },
     ("Job", "status"): {
         "runners/actions/jobs.py::record_job",
         # Issue 28: a burst's new queued jobs, inserted together (runners/webhooks.py).
         "runners/actions/jobs.py::record_new_queued_jobs",
+        # Issue 28: a burst's in_progress and completed deliveries, moved together.
+        "runners/actions/jobs.py::apply_job_moves_together",
     },
     ("Job", "fleet_failure"): {
         "runners/actions/steps.py::mark_fleet_failure",
@@ -46,6 +50,7 @@ OWNERS: dict[tuple[str, str], set[str]] = {
     ("AgentTask", "state"): {
         "fleet/transitions.py::transition_task",
         "fleet/taskqueue.py::enqueue_task",
+        "fleet/taskqueue.py::enqueue_tasks",
     },
     ("Machine", "state"): {"fleet/transitions.py::transition_machine"},
     # HOST-29: loans only rise, from the agent's heartbeat.

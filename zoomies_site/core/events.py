@@ -54,6 +54,22 @@ def emit_many(kind: str, model: type, pks, *, at: datetime | None = None) -> int
     return written
 
 
+def emit_each(entries: list[tuple[str, Any, datetime]]) -> int:
+    """One row per (kind, obj, at), in one INSERT and in that order: a group of different
+    changes, each announced as `emit` would."""
+    rows = []
+    for kind, obj, at in entries:
+        resource = obj._meta.model_name
+        if resource not in RESOURCES:
+            raise ValueError(f"no event stream for {resource!r}")
+        rows.append(Event(kind=kind, resource=resource, resource_id=str(obj.pk), created_at=at))
+    if not rows:
+        return 0
+    written = len(Event.objects.bulk_create(rows))
+    wakebus.notify_on_commit(wakebus.EVENTS)
+    return written
+
+
 def prune_events(now: datetime, *, keep: timedelta = RETENTION) -> int:
     """Drop rows older than `keep`, but always the newest one, so ids never restart on
     SQLite (a reused id would look already seen to a browser resuming from it)."""
