@@ -396,6 +396,25 @@ def step_queued(run: Run) -> None:
         run.add("queued", f"burst of {n}: all completed", burst["total_s"], "s")
     if run.quick:
         return
+    # The same bursts with runners that take no job and cost no CPU: the controller's own
+    # path to the last create, beside no runner's work, as GARM's harness times its bursts.
+    idle = run.child(
+        "queued_to_running-idle-runners",
+        ["bench/queued_to_running.py", "--singles", "0", "--bursts", *map(str, BURSTS),
+         "--timeout", "300", "--idle-runners", "--senders", str(BURST_SENDERS)],
+        timeout=900,
+    )  # fmt: skip
+    if isinstance(idle, dict):
+        for burst in idle["bursts"]:
+            n = burst["size"]
+            run.load = burst["load_before"]
+            garm = run.details.get("garm_burst", {}).get(n)
+            run.add("queued", f"burst of {n}, idle runners: last create handed out",
+                    burst["last_handed_s"], "s",
+                    "GARM, same run: last CreateInstance (no runner starts)" if garm else "",
+                    garm, BURST_TARGETS.get(n, ""))  # fmt: skip
+            run.add("queued", f"burst of {n}, idle runners: webhook answered p99",
+                    burst["delivered_p99_s"], "s")  # fmt: skip
     # The same bursts on the scale-out shape (4 web processes, PostgreSQL, Redis, an agent
     # process of its own), in the same run.
     shaped = run.child(

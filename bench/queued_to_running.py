@@ -18,6 +18,12 @@ that holds its installation token, as a long-running one does. Then:
 * `--singles N`: N jobs queued one at a time, each only after the one before has run;
 * `--bursts B ...`: B jobs queued at once.
 
+With `--idle-runners` the bursts' runners run a program that starts, takes no job and costs
+no CPU (each runner is still the process backend's supervisor, a Python process): what is
+timed is the controller's own path to the last create handed out, beside no runner's work,
+as GARM's harness times its bursts to its last CreateInstance at a provider that starts
+nothing. The warm-up job runs on the fake runner first.
+
 Per job, from the moment it was queued:
 
 * delivered: the controller answered the job's `queued` delivery (the fake sends its
@@ -107,6 +113,23 @@ JOIN_TOKEN = (
 )
 
 
+# `--idle-runners`: the process program GitHub's runner is started as (runners.github.programs
+# ACTIONS_RUNNER), here a run.sh that starts, takes no job and costs no CPU, so the burst's
+# runners do not share the two cores with the controller, as GARM's harness starts nothing.
+IDLE_IMAGE = "actions-runner"
+
+
+def idle_runner_dir(data_dir: Path) -> Path:
+    """A run.sh that waits and never registers; its command line names the data directory, so
+    the rig's kill_leftovers ends it with the rest."""
+    folder = data_dir / "idle-runner"
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "run.sh"
+    script.write_text(f"#!/bin/sh\nexec tail -f {script}\n")
+    script.chmod(0o755)
+    return folder
+
+
 @dataclass
 class Rig:
     """One controller with its fake GitHub, its agent and the marks the benchmark reads."""
@@ -141,6 +164,8 @@ def rig(args, tmp: Path, capacity: int, engine=None) -> Iterator[Rig]:
         "ZOOMIES_GITHUB_PRIVATE_KEY_FILE": str(key),
         "ZOOMIES_GITHUB_WEBHOOK_SECRETS": SECRET,
     }
+    if args.idle_runners:
+        github["ZOOMIES_ACTIONS_RUNNER_DIR"] = str(idle_runner_dir(data_dir))
     controller = (
         ScaleOut(data_dir, args.web, env=github) if args.web else Controller(data_dir, env=github)
     )
@@ -198,6 +223,11 @@ def rig(args, tmp: Path, capacity: int, engine=None) -> Iterator[Rig]:
             job = fake.queue_job(repo=REPO, labels=LABELS, duration=0.1)
             wait_for(lambda: job in fake.completed, 120, "the warm-up job", every=0.05)
             made.warmup = fake.started[job] - began
+        if args.idle_runners:
+            # The warm-up ran on the fake runner; the burst's runners run the idle program.
+            wait_quiet(made)
+            (pool,) = controller.api("pools")
+            controller.api(f"pools/{pool['id']}", method="PATCH", json={"image": IDLE_IMAGE})
             wait_quiet(made)
         yield made
     except BaseException:
@@ -401,6 +431,12 @@ def run_burst(made: Rig, size: int, args) -> Burst:
             queued_at.append(t)
         deadline = time.time() + args.timeout
         while time.time() < deadline:
+            if args.idle_runners:
+                # No job ever runs: the burst ends with its last create handed out.
+                if len(made.handouts.since(queued_at[0])) >= size:
+                    break
+                time.sleep(0.1)
+                continue
             if all(j in fake.completed for j in burst.queued):
                 break
             time.sleep(0.02)
@@ -588,6 +624,12 @@ def parser() -> argparse.ArgumentParser:
         help="the fake's listen backlog (socketserver's default, 5, drops "
         "connects in a burst; each costs a 1 s retransmit)",
     )
+    p.add_argument(
+        "--idle-runners",
+        action="store_true",
+        help="bursts' runners run a program that takes no job and costs no CPU (GARM's harness "
+        "starts nothing); a burst ends with its last create handed out",
+    )
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
     p.add_argument("--postgres", action="store_true", help=f"use {POSTGRES_URL}")
     p.add_argument(
@@ -638,7 +680,8 @@ def main(argv: list[str] | None = None) -> int:
             "bursts": [burst_figures(b) for b in bursts],
         }
         args.json.write_text(json.dumps(out, indent=1))
-    complete = all(b.done == b.size for b in bursts) and (
+    # With idle runners no job runs: a burst is complete once every create was handed out.
+    complete = all((len(b.handed) if args.idle_runners else b.done) == b.size for b in bursts) and (
         singles is None or len(singles.stages["in_progress"]) == singles.count
     )
     return 0 if complete else 1
