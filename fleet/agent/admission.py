@@ -16,59 +16,89 @@ class FifoSlot:
 
     threading.Lock promises no order, and the order the task threads happen to reach it is
     not the order the tasks arrived in, so a ticket is taken when the task is taken.
+
+    Each waiter sleeps on an event of its own, set when it reaches the front of a free slot
+    or when `wake` asks every waiter to look at its give-up condition: a burst queues
+    hundreds of creates here, and waking them all at every release (and each every tenth
+    of a second) kept the agent's other threads, its task poll among them, from the
+    interpreter (issue 28).
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._next_ticket = 0
-        self._waiting: dict[int, bool] = {}  # ticket -> whether it is a background prewarm
+        # ticket -> its waiter's event; a dict keeps insertion order, which is ticket order.
+        self._creates: dict[int, threading.Event] = {}
+        self._background: dict[int, threading.Event] = {}
         self._held = False
 
     def ticket(self, *, background: bool = False) -> int:
-        with self._cond:
+        with self._lock:
             ticket = self._next_ticket
             self._next_ticket += 1
-            self._waiting[ticket] = background
+            (self._background if background else self._creates)[ticket] = threading.Event()
             return ticket
 
     def _front(self) -> int | None:
-        return min(self._waiting, key=lambda t: (self._waiting[t], t), default=None)
+        for queue in (self._creates, self._background):
+            for ticket in queue:
+                return ticket
+        return None
+
+    def _event(self, ticket: int) -> threading.Event | None:
+        return self._creates.get(ticket) or self._background.get(ticket)
 
     def acquire(
-        self, ticket: int, give_up: Callable[[], bool] = lambda: False, poll: float = 0.1
+        self, ticket: int, give_up: Callable[[], bool] = lambda: False, poll: float = 1.0
     ) -> bool:
-        """Wait for the slot; False (and the ticket given back) once `give_up()` says so."""
-        with self._cond:
-            while self._held or self._front() != ticket:
+        """Wait for the slot; False (and the ticket given back) once `give_up()` says so.
+
+        `poll` is only a safety net: a waiter is woken when its turn comes or by `wake`."""
+        while True:
+            with self._lock:
+                event = self._event(ticket)
+                if event is None:
+                    return False  # given back already
                 if give_up():
                     self._drop(ticket)
                     return False
-                self._cond.wait(poll)
-            self._waiting.pop(ticket, None)
-            if give_up():
-                self._cond.notify_all()
-                return False
-            self._held = True
-            return True
+                if not self._held and self._front() == ticket:
+                    self._remove(ticket)
+                    self._held = True
+                    return True
+                event.clear()  # under the lock: a set() after this is not lost
+            event.wait(poll)
 
     def abandon(self, ticket: int) -> None:
         """Give back a ticket that will never be used to acquire the slot."""
-        with self._cond:
+        with self._lock:
             self._drop(ticket)
 
     def release(self) -> None:
-        with self._cond:
+        with self._lock:
             self._held = False
-            self._cond.notify_all()
+            self._call_front()
 
     def wake(self) -> None:
         """Make waiters re-check their give_up condition now."""
-        with self._cond:
-            self._cond.notify_all()
+        with self._lock:
+            for queue in (self._creates, self._background):
+                for event in queue.values():
+                    event.set()
+
+    def _remove(self, ticket: int) -> None:
+        self._creates.pop(ticket, None)
+        self._background.pop(ticket, None)
 
     def _drop(self, ticket: int) -> None:
-        self._waiting.pop(ticket, None)
-        self._cond.notify_all()
+        self._remove(ticket)
+        self._call_front()
+
+    def _call_front(self) -> None:
+        """Wake the waiter whose turn it now is, if the slot is free."""
+        front = self._front()
+        if not self._held and front is not None:
+            self._event(front).set()  # type: ignore[union-attr]
 
 
 class StartHold:

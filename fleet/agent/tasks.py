@@ -68,7 +68,7 @@ class TaskLoop(AgentParts):
                 # AGENT-19: no new task; its lease ends and the controller offers it again.
                 log.info("shutting down: task %s is left for redelivery", task.id)
                 continue
-            ticket = None
+            ticket, superseded = None, False
             with self._lock:
                 if task.kind == "create_runner" and task.runner_id is not None:
                     # AGENT-02: the place in the queue is the order the tasks arrived in.
@@ -80,6 +80,7 @@ class TaskLoop(AgentParts):
                 elif task.runner_id in self._waiting_creates:
                     # AGENT-06: the create still waiting for the slot must not start.
                     self._superseded.add(task.runner_id)
+                    superseded = True
                 thread = threading.Thread(
                     target=self._run_task,
                     args=(task, ticket),
@@ -87,7 +88,8 @@ class TaskLoop(AgentParts):
                     daemon=True,
                 )
                 self._inflight.add(thread)
-            self._admission.wake()
+            if superseded:
+                self._admission.wake()  # the superseded create gives up now, not at its next look
             thread.start()
             started.append(thread)
         if block:
