@@ -41,40 +41,53 @@ def clean_reports(reports: Any) -> tuple[protocol.RunnerReport, ...]:
         raise InvalidRequest(str(exc)) from None
 
 
-def apply_agent_reports(*, host: Host, reports: Any, now: datetime) -> tuple[list[int], list[int]]:
-    """Apply an agent's runner reports; returns (accepted, refused) runner ids.
+# Reports applied in one transaction: a burst's agent reports hundreds of runners a pass,
+# and each its own transaction was that many waits for SQLite's write lock (issue 28).
+REPORTS_PER_TRANSACTION = 50
 
-    Each report is one durable transaction. RUN-18: a report about a runner that is not on
-    this host is refused. RUN-15: the agent asserts `registering`, then only phases, then
-    `removed` or `failed`. RUN-16: a running phase makes a registering runner idle, never
-    busy (only GitHub makes a runner busy). A report about a runner already ended is
-    accepted and changes nothing but its phase and exit code, so the agent may clean up
-    (AGENT-18).
+
+def apply_agent_reports(*, host: Host, reports: Any, now: datetime) -> tuple[list[int], list[int]]:
+    """Apply an agent's runner reports; returns (accepted, refused) runner ids, in the order
+    the reports came.
+
+    Up to REPORTS_PER_TRANSACTION reports are one durable transaction, runner by runner in
+    ascending id (the order every group of runner locks is taken in), each runner's reports
+    in the order sent. A report that raises takes its transaction's reports with it and the
+    request fails: the agent sends every report not acknowledged again. RUN-18: a report
+    about a runner that is not on this host is refused. RUN-15: the agent asserts
+    `registering`, then only phases, then `removed` or `failed`. RUN-16: a running phase
+    makes a registering runner idle, never busy (only GitHub makes a runner busy). A report
+    about a runner already ended is accepted and changes nothing but its phase and exit
+    code, so the agent may clean up (AGENT-18).
     """
-    accepted: list[int] = []
-    refused: list[int] = []
+    read = clean_reports(reports)
+    answers: dict[int, bool] = {}  # the report's index -> accepted
+    readable = []
+    for index, report in enumerate(read):
+        if report.state is not None and report.state not in REPORTED_STATES:
+            answers[index] = False
+        else:
+            readable.append((index, report))
+    readable.sort(key=lambda item: item[1].runner_id)  # stable: a runner's own order stays
     ended = False
     actor = host.actor
-    for report in clean_reports(reports):
-        runner_id = report.runner_id
-        state = report.state
-        if state is not None and state not in REPORTED_STATES:
-            refused.append(runner_id)
-            continue
+    for start in range(0, len(readable), REPORTS_PER_TRANSACTION):
         with transaction.atomic(durable=True):
-            # Locked for the whole report, so a GitHub signal cannot slip in between the
-            # read of `registering` and the move to idle (it would make busy -> idle).
-            runner = Runner.objects.select_for_update().filter(pk=runner_id).first()
-            if runner is None or runner.host_id != host.pk:
-                refused.append(runner_id)
-                continue
-            _apply_report(runner, report, now=now, actor=actor)
-        accepted.append(runner_id)
-        if state in ("removed", "failed"):
-            ended = True
+            for index, report in readable[start : start + REPORTS_PER_TRANSACTION]:
+                # Locked to the commit, so a GitHub signal cannot slip in between the read
+                # of `registering` and the move to idle (it would make busy -> idle).
+                runner = Runner.objects.select_for_update().filter(pk=report.runner_id).first()
+                if runner is None or runner.host_id != host.pk:
+                    answers[index] = False
+                    continue
+                _apply_report(runner, report, now=now, actor=actor)
+                answers[index] = True
+                ended = ended or report.state in ("removed", "failed")
     if ended:
         # A slot came free: the next pass should not wait for the ticker.
         wake_reconcile()
+    accepted = [read[i].runner_id for i in sorted(answers) if answers[i]]
+    refused = [read[i].runner_id for i in sorted(answers) if not answers[i]]
     return accepted, refused
 
 

@@ -298,3 +298,39 @@ def waiting_on_a_lock() -> int:
             "AND wait_event_type = 'Lock'"
         )
         return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run15_a_pass_of_many_reports_is_a_few_transactions_answered_in_the_order_sent(
+    agent_api, monkeypatch
+):
+    """Issue 28: a burst's agent reports hundreds of runners a pass; they are applied up to
+    REPORTS_PER_TRANSACTION to a transaction (each its own was that many waits for SQLite's
+    write lock), runner by runner in ascending id with each runner's reports in the order
+    sent, and answered in the order sent."""
+    monkeypatch.setattr(reports_module, "REPORTS_PER_TRANSACTION", 4)
+    host, token = join("h1")
+    other, _ = join("h2")
+    runners = [make_runner(host, "provisioning") for _ in range(6)]
+    theirs = make_runner(other, "provisioning")
+    sent = []
+    for runner in reversed(runners):  # the agent's order, not the ids'
+        sent.append({"runner_id": runner.pk, "state": "registering"})
+        sent.append({"runner_id": runner.pk, "state": None, "phase": "running"})
+    sent.insert(3, {"runner_id": theirs.pk, "state": "registering"})
+    transactions = []
+    real = reports_module.transaction.atomic
+
+    def counted(*args, **kwargs):
+        if kwargs.get("durable"):
+            transactions.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reports_module.transaction, "atomic", counted)
+    body = report(agent_api, token, *sent)
+    assert body["refused"] == [theirs.pk]
+    assert body["accepted"] == [r["runner_id"] for r in sent if r["runner_id"] != theirs.pk]
+    assert len(transactions) == 4  # 13 reports, 4 to a transaction
+    # Each runner's registering landed before its running phase: registering, then idle.
+    assert {Runner.objects.get(pk=r.pk).state for r in runners} == {"idle"}
+    assert Runner.objects.get(pk=theirs.pk).state == "provisioning"
