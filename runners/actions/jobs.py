@@ -9,11 +9,12 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from accounts import audit
 from fleet.models import AgentTask
-from fleet.states import OPEN_TASK_STATES
+from fleet.states import OPEN_TASK_STATES, TaskKind, TaskState
 from runners.actions import steps
 from runners.models import Installation, Job, Runner
 from runners.states import JobStatus, RunnerState, can_transition, job_statuses_before
@@ -171,10 +172,11 @@ def choose_job_moves(
 ) -> list[JobMove | None]:
     """For each update, its JobMove when it is a busy fleet's common case, else None (it
     goes through `apply_job_update`, one by one): a known job moving forward to in_progress
-    on a runner that can turn busy (the job linked to no other runner), or to completed on
-    the busy ephemeral runner it is linked to, which has a host and no open task. In three
-    statements for the group; the runners are locked, as `apply_job_update` locks each. The
-    caller sends each job and each runner name at most once."""
+    on a runner that can turn busy or is still provisioning (the job linked to no other
+    runner), or to completed on the busy or provisioning ephemeral runner it is linked to,
+    which has a host, no create waiting to be taken and no stop asked. In three statements
+    for the group; the runners are locked, as `apply_job_update` locks each. The caller
+    sends each job and each runner name at most once."""
     names = sorted({update.runner_name for update, _, _ in updates})
     runners = {
         r.name: r for r in Runner.objects.select_for_update().filter(name__in=names).order_by("pk")
@@ -183,10 +185,14 @@ def choose_job_moves(
         j.github_id: j
         for j in Job.objects.filter(github_id__in=[update.github_id for update, _, _ in updates])
     }
-    with_open_tasks = set(
-        AgentTask.objects.filter(
-            runner_id__in=[r.pk for r in runners.values()], state__in=OPEN_TASK_STATES
-        ).values_list("runner_id", flat=True)
+    # What a drain would cancel (a create not yet taken) or find already asked (a stop).
+    busy_tasks = set(
+        AgentTask.objects.filter(runner_id__in=[r.pk for r in runners.values()])
+        .filter(
+            Q(kind=TaskKind.CREATE_RUNNER, state=TaskState.PENDING)
+            | Q(kind=TaskKind.STOP_RUNNER, state__in=OPEN_TASK_STATES)
+        )
+        .values_list("runner_id", flat=True)
     )
     moves: list[JobMove | None] = []
     for update, installation, now in updates:
@@ -197,7 +203,7 @@ def choose_job_moves(
             and runner is not None
             and status is not None
             and job.status in job_statuses_before(status)
-            and _moves_together(status, job, runner, runner.pk in with_open_tasks)
+            and _moves_together(status, job, runner, runner.pk in busy_tasks)
         )
         moves.append(
             JobMove(update, status, installation, now, job, runner) if fits else None  # type: ignore[arg-type]
@@ -205,21 +211,21 @@ def choose_job_moves(
     return moves
 
 
-def _moves_together(status: str, job: Job, runner: Runner, open_task: bool) -> bool:
+def _moves_together(status: str, job: Job, runner: Runner, task_in_the_way: bool) -> bool:
     if status == JobStatus.IN_PROGRESS:
-        return (
-            job.runner_id in (None, runner.pk)
-            and runner.state != RunnerState.BUSY
-            and can_transition(runner.state, RunnerState.BUSY)
+        # A provisioning runner is only linked: busy waits for its registering report.
+        return job.runner_id in (None, runner.pk) and (
+            runner.state == RunnerState.PROVISIONING
+            or (runner.state != RunnerState.BUSY and can_transition(runner.state, RunnerState.BUSY))
         )
     return (
         status == JobStatus.COMPLETED
         and job.status == JobStatus.IN_PROGRESS
         and job.runner_id == runner.pk
-        and runner.state == RunnerState.BUSY
+        and runner.state in (RunnerState.BUSY, RunnerState.PROVISIONING)
         and runner.ephemeral
         and runner.host_id is not None
-        and not open_task
+        and not task_in_the_way
     )
 
 
@@ -252,9 +258,13 @@ def apply_job_moves_together(moves: list[JobMove], *, source: str, actor: str) -
         if linked:
             events.append(("job.linked", job, move.now))
         if status == JobStatus.IN_PROGRESS:
-            started.append(
-                RunnerMove(runner, RunnerState.BUSY, move.now, f"job {job.github_id} started")
-            )
+            if runner.state == RunnerState.PROVISIONING:
+                log.info("runner %s: job %s started while it is provisioning; busy once it is "
+                         "registering", runner.name, job.github_id)  # fmt: skip
+            else:
+                started.append(
+                    RunnerMove(runner, RunnerState.BUSY, move.now, f"job {job.github_id} started")
+                )
             created_at, started_at = job.created_at, update.started_at or job.started_at
             transaction.on_commit(
                 lambda c=created_at, s=started_at: metrics.job_started(c, s)  # type: ignore[misc]

@@ -9,6 +9,7 @@ through `fleet.taskqueue`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
@@ -29,6 +30,8 @@ from runners.transitions import (
 )
 from zoomies_site.core import registry
 from zoomies_site.core.events import emit
+
+log = logging.getLogger("zoomies.runners")
 
 
 def _has_open_task(runner: Runner, kind: str) -> bool:
@@ -251,6 +254,13 @@ def link_job_runner(job: Job, *, now: datetime, actor: str) -> Runner | None:
         job.runner_id = runner.pk
         emit("job.linked", job, at=now)
     if JOB_RANK[JobStatus(job.status)] == JOB_RANK[JobStatus.IN_PROGRESS]:
+        if runner.state == RunnerState.PROVISIONING:
+            # An expected race, routine in a burst: the runner took its job before its
+            # agent's create result landed. Busy is off the allow-list from provisioning; the
+            # registering report makes it busy from this job row (RUN-16, reports.py).
+            log.info("runner %s: job %s started while it is provisioning; busy once it is "
+                     "registering", runner.name, job.github_id)  # fmt: skip
+            return runner
         transition_runner(
             runner.pk, RunnerState.BUSY, now=now, actor=actor, reason=f"job {job.github_id} started"
         )
@@ -289,10 +299,11 @@ def finish_job_runner(job: Job, *, now: datetime, actor: str) -> None:
 
 
 def drain_finished_together(finished: list[tuple[Runner, int, datetime]], *, actor: str) -> None:
-    """HOOK-06 for a group of (busy ephemeral runner as read and locked, the github id of
-    its job that completed, when): what `finish_job_runner` and `drain` do for each, in a
-    few statements for all. The caller chose runners with a host and no open task, so
-    nothing is cancelled and each gets its stop task, after the drain grace (RUN-11)."""
+    """HOOK-06 for a group of (busy or provisioning ephemeral runner as read and locked, the
+    github id of its job that completed, when): what `finish_job_runner` and `drain` do for
+    each, in a few statements for all. The caller chose runners with a host, no create
+    waiting to be taken and no stop asked, so nothing is cancelled and each gets its stop
+    task: after the drain grace for a busy one (RUN-11), at once for any other."""
     if not finished:
         return
     Runner.objects.filter(
@@ -313,7 +324,11 @@ def drain_finished_together(finished: list[tuple[Runner, int, datetime]], *, act
                 "host_id": runner.host_id,
                 "runner_id": runner.pk,
                 "kind": TaskKind.STOP_RUNNER,
-                "payload": {"runner_id": runner.pk, "grace": grace, "timeout": timeout},
+                "payload": {
+                    "runner_id": runner.pk,
+                    "grace": grace if runner.state == RunnerState.BUSY else 0,
+                    "timeout": timeout,
+                },
                 "now": now,
             }
             for runner, _, now in finished

@@ -17,7 +17,7 @@ from django.utils import timezone
 from accounts.models import AuditLog
 from fleet.models import AgentTask
 from fleet.states import TaskKind
-from fleet.taskqueue import enqueue_task
+from fleet.taskqueue import enqueue_task, take_tasks
 from runners import webhooks
 from runners.actions import jobs as job_actions
 from runners.models import Job, Runner, WebhookDelivery
@@ -69,8 +69,16 @@ def a_busy_fleets_burst() -> list[webhooks.Delivery]:
     runner("r8", "idle")
     runner("r10", "idle")
     runner("r14", "idle", ephemeral=False)
-    one_at_a_time(*(checked(j, "queued") for j in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15)))
-    one_at_a_time(*(checked(j, "in_progress", f"r{j}") for j in (3, 4, 5, 6, 9, 14)))
+    for name in ("r16", "r17", "r18"):
+        created = runner(name, "provisioning")
+        enqueue_task(host_id=host.pk, runner_id=created.pk, kind=TaskKind.CREATE_RUNNER,
+                     payload={}, now=timezone.now())  # fmt: skip
+        if name != "r18":  # r18's create is still waiting to be taken
+            assert take_tasks(host, timezone.now(), 10)
+    queued = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 17, 18)
+    one_at_a_time(*(checked(j, "queued") for j in queued))
+    # r17 and r18 took their jobs before their create results landed.
+    one_at_a_time(*(checked(j, "in_progress", f"r{j}") for j in (3, 4, 5, 6, 9, 14, 17, 18)))
     Runner.objects.filter(name="r14").update(state="idle")  # its report said so since
     one_at_a_time(checked(9, "completed", "r9"))
     Runner.objects.filter(name="r4").update(
@@ -97,6 +105,9 @@ def a_busy_fleets_burst() -> list[webhooks.Delivery]:
         # which the next delivery names: both one by one, in this order (r14 ends busy).
         checked(14, "completed"),
         checked(15, "in_progress", "r14"),
+        checked(16, "in_progress", "r16"),  # still provisioning: linked only, together
+        checked(17, "completed", "r17"),  # provisioning, its create taken: drained, together
+        checked(18, "completed", "r18"),  # its create not yet taken, cancelled: one by one
     ]
 
 
@@ -104,7 +115,16 @@ def state() -> dict:
     """Everything the deliveries wrote, by names and GitHub ids rather than primary keys."""
     runner_names = {str(r.pk): r.name for r in Runner.objects.all()}
     job_ids = {str(j.pk): j.github_id for j in Job.objects.all()}
-    targets = {"runner": runner_names, "job": job_ids}
+    tasks = {
+        str(t.pk): f"{runner_names[str(t.runner_id)]}:{t.kind}" for t in AgentTask.objects.all()
+    }
+    targets = {"runner": runner_names, "job": job_ids, "agenttask": tasks}
+
+    def named(detail: dict) -> str:
+        if isinstance(detail.get("runner"), int):
+            detail = {**detail, "runner": runner_names[str(detail["runner"])]}
+        return json.dumps(detail, sort_keys=True)
+
     return {
         "jobs": {
             j.github_id: (
@@ -142,7 +162,7 @@ def state() -> dict:
                 a.actor,
                 a.action,
                 targets.get(a.target_type, {}).get(a.target_id, a.target_id),
-                json.dumps(a.detail, sort_keys=True),
+                named(a.detail),
             )
             for a in AuditLog.objects.all()
         ),  # fmt: skip
@@ -185,7 +205,7 @@ def test_hook05_hook06_a_bursts_moves_are_written_together_as_one_by_one_would(m
     monkeypatch.setattr(webhooks, "apply_job_moves_together", watched)
     together = answers(webhooks.record(a_busy_fleets_burst()))
     first = state()
-    assert sorted(together_ids) == [1, 2, 3, 4]
+    assert sorted(together_ids) == [1, 2, 3, 4, 16, 17]
 
     wipe()
     together_ids.clear()
@@ -205,6 +225,11 @@ def test_hook05_hook06_a_bursts_moves_are_written_together_as_one_by_one_would(m
     assert first["runners"]["r6"][0] == "idle"
     assert first["jobs"][9][0] == "completed"
     assert first["runners"]["r14"][0] == "busy" and first["jobs"][15][1] == "r14"
+    assert first["runners"]["r16"][0] == "provisioning" and first["jobs"][16][1] == "r16"
+    assert first["runners"]["r17"][0] == first["runners"]["r18"][0] == "draining"
+    r17_stop = [t for t in first["tasks"] if t[0] == "r17" and t[1] == TaskKind.STOP_RUNNER]
+    assert len(r17_stop) == 1 and '"grace": 0' in r17_stop[0][3]  # it was not busy
+    assert ("r18", TaskKind.CREATE_RUNNER, "cancelled") in {t[:3] for t in first["tasks"]}
     stops = [t for t in first["tasks"] if t[1] == TaskKind.STOP_RUNNER and t[0] in ("r3", "r4")]
     assert len(stops) == 2 and all('"grace": 0' not in t[3] for t in stops)
     assert answers(webhooks.record([checked(1, "in_progress", "r1")]))[0][1]["duplicate"]
