@@ -34,7 +34,7 @@ def record_many(*, actor: str, action: str, targets: list[Any], detail: dict | N
     return len(AuditLog.objects.bulk_create(rows))
 
 
-def record_each(entries: list[tuple[str, str, Any, dict | None, datetime]]) -> int:
+def record_each(entries: list[tuple[str, str, Any, dict[str, Any] | None, datetime]]) -> int:
     """One row per (actor, action, target, detail, at), in one INSERT and in that order: a
     group of different changes, each audited as `record` would."""
     rows = [

@@ -235,7 +235,7 @@ def apply_job_moves_together(moves: list[JobMove], *, source: str, actor: str) -
     of each kind: a burst of webhooks' in_progress and completed deliveries
     (runners.webhooks). A job or runner that moved since it was read raises MoveLost, and
     the caller's savepoint takes the whole group back."""
-    audits: list[tuple[str, str, Any, dict | None, datetime]] = []
+    audits: list[tuple[str, str, Any, dict[str, Any] | None, datetime]] = []
     events: list[tuple[str, Any, datetime]] = []
     started: list[RunnerMove] = []
     finished: list[tuple[Runner, int, datetime]] = []
