@@ -55,10 +55,10 @@ from runners.actions import (
 )
 from runners.github.config import get_app
 from runners.github.errors import GitHubError, NotFound, RateLimited
+from runners.job_objects import BadPayload, job_update_from_github
 from runners.models import Installation, Job, Runner, SweptRun
 from runners.states import TERMINAL_STATES, JobStatus
 from runners.wake import wake_reconcile
-from runners.webhooks import BadPayload, job_update_from_github
 from zoomies_site.core import registry
 
 log = logging.getLogger("zoomies.poller")

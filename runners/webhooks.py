@@ -22,7 +22,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -32,6 +32,14 @@ from django.db.models import Q
 from runners.actions import JobUpdate, apply_job_update, normalise_status, record_new_queued_jobs
 from runners.actions import installations as installation_actions
 from runners.actions.jobs import JobMove, apply_job_moves_together, choose_job_moves
+from runners.job_objects import (
+    BadPayload,
+    checked_github_id,
+    checked_text,
+    int_or_none,
+    job_update_from_github,
+    storable,
+)
 from runners.models import Installation, Job, WebhookDelivery
 from runners.states import JobStatus
 from runners.transitions import MoveLost
@@ -46,16 +54,8 @@ SIGNATURE_PREFIX = "sha256="
 STATUS_ACTIONS = frozenset(
     {JobStatus.QUEUED, JobStatus.IN_PROGRESS, JobStatus.COMPLETED, JobStatus.WAITING}
 )
-# GitHub's ids are positive and fit a BIGINT; anything larger cannot be a row of ours.
-MAX_ID = 2**63 - 1
 # A burst's new queued jobs are written together from this many on (one alone costs the same).
 BULK_FROM = 2
-# A timestamp outside these years is not one of GitHub's, and is dropped (see below).
-EARLIEST_YEAR, LATEST_YEAR = 1970, 9998
-
-
-class BadPayload(ValueError):
-    """The body is not a delivery we can act on; answered 400 and nothing is recorded."""
 
 
 @dataclass(frozen=True)
@@ -91,118 +91,6 @@ def signature_matches(body: bytes, header: str | None, secrets: Iterable[str]) -
     return matched
 
 
-# -- parsing -------------------------------------------------------------------------------
-
-
-def parse_github_datetime(value: Any) -> datetime | None:
-    """A GitHub timestamp as an aware datetime: ISO 8601 text, or epoch seconds (older
-    `installation` payloads carry integers where GitHub's schema says date-time strings).
-
-    Anything else is treated as absent rather than refusing the delivery over a timestamp:
-    so is a time we cannot place (1e300, -1e20, NaN, year 9999 west of UTC), which no
-    database column could hold either.
-    """
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        if isinstance(value, int | float):
-            parsed = datetime.fromtimestamp(value, UTC)
-        elif isinstance(value, str) and value:
-            parsed = datetime.fromisoformat(value)
-            if parsed.tzinfo is None:
-                parsed = parsed.replace(tzinfo=UTC)
-            parsed = parsed.astimezone(UTC)
-        else:
-            return None
-    except (ValueError, OverflowError, OSError):
-        return None
-    return parsed if EARLIEST_YEAR <= parsed.year <= LATEST_YEAR else None
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _github_id(value: Any, what: str) -> int | None:
-    """A GitHub id (positive, within a BIGINT column), None when absent; BadPayload if not."""
-    if value is None:
-        return None
-    found = _int_or_none(value)
-    if found is None or not 0 < found <= MAX_ID:
-        raise BadPayload(f"{what} is not an id GitHub issues (a positive 64-bit integer)")
-    return found
-
-
-def _storable(value: str) -> bool:
-    """False for text no database column takes: NUL, or a lone surrogate from a JSON escape."""
-    if "\x00" in value:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _text(value: Any, what: str, max_length: int) -> str:
-    """A string we store: "" when absent or not a string; BadPayload when it cannot be kept.
-
-    GitHub never sends a NUL character or a repository name longer than 140 characters,
-    and PostgreSQL refuses NUL in text, so such a field refuses the delivery rather than
-    being cut (a cut runner name would link the wrong runner).
-    """
-    if not isinstance(value, str):
-        return ""
-    if not _storable(value):
-        raise BadPayload(f"{what} contains a NUL character or a lone surrogate (\\ud800)")
-    if len(value) > max_length:
-        raise BadPayload(f"{what} is longer than {max_length} characters")
-    return value
-
-
-def job_update_from_github(
-    job: Mapping[str, Any], *, repository: str, status: str | None = None
-) -> JobUpdate:
-    """GitHub's job object as a `JobUpdate`; BadPayload when a field we need is missing.
-
-    `status` overrides `job["status"]` (a delivery's action, see STATUS_ACTIONS). The runner
-    name is kept only once the job has started: GitHub's own example of a queued job already
-    names a runner, and a job is linked to a runner only from in_progress: any idle
-    runner whose labels match may take a queued job, not the one made for it.
-    """
-    if job.get("id") is None:
-        raise BadPayload("workflow_job.id is missing or not an integer")
-    github_id = _github_id(job.get("id"), "workflow_job.id")
-    if not isinstance(repository, str) or "/" not in repository:
-        raise BadPayload("repository.full_name is missing")
-    repository = _text(repository, "repository.full_name", 200)
-    raw_status = status or job.get("status")
-    if not isinstance(raw_status, str) or not raw_status:
-        raise BadPayload("workflow_job.status is missing")
-    labels = job.get("labels") or []
-    if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
-        raise BadPayload("workflow_job.labels is not a list of strings")
-    for label in labels:
-        _text(label, "a workflow_job label", 1000)
-    normalised = normalise_status(raw_status)
-    started = normalised in (JobStatus.IN_PROGRESS, JobStatus.COMPLETED)
-    runner_name = _text(job.get("runner_name"), "workflow_job.runner_name", 200)
-    name = job.get("name")
-    return JobUpdate(
-        github_id=github_id,
-        status=raw_status,
-        repository=repository,
-        labels=tuple(labels),
-        run_id=_github_id(job.get("run_id"), "workflow_job.run_id"),
-        name=_text(name[:300] if isinstance(name, str) else "", "workflow_job.name", 300),
-        conclusion=_text(job.get("conclusion"), "workflow_job.conclusion", 32),
-        runner_name=runner_name if started else "",
-        created_at=parse_github_datetime(job.get("created_at")),
-        started_at=parse_github_datetime(job.get("started_at")) if started else None,
-        completed_at=parse_github_datetime(job.get("completed_at")),
-    )
-
-
 def workflow_job_update(payload: Mapping[str, Any]) -> JobUpdate | None:
     """A `workflow_job` delivery as a `JobUpdate`, or None for an action we do not act on.
 
@@ -234,7 +122,7 @@ def _repository_name(payload: Mapping[str, Any]) -> str | None:
 
 def _installation_id(payload: Mapping[str, Any]) -> int | None:
     inst = payload.get("installation")
-    return _int_or_none(inst.get("id")) if isinstance(inst, dict) else None
+    return int_or_none(inst.get("id")) if isinstance(inst, dict) else None
 
 
 def check_payload(payload: Mapping[str, Any]) -> None:
@@ -245,13 +133,13 @@ def check_payload(payload: Mapping[str, Any]) -> None:
     action = payload.get("action")
     if action is not None and not isinstance(action, str):
         raise BadPayload("action is not a string")
-    _text(action, "action", 64)
+    checked_text(action, "action", 64)
     inst = payload.get("installation")
     if isinstance(inst, dict):
-        _github_id(inst.get("id"), "installation.id")
+        checked_github_id(inst.get("id"), "installation.id")
     repository = _repository_name(payload)
     if repository is not None:
-        _text(repository, "repository.full_name", 200)
+        checked_text(repository, "repository.full_name", 200)
 
 
 # -- crediting the delivery (HOOK-07) --------------------------------------------------------
@@ -305,7 +193,7 @@ def _repo_names(items: Any) -> list[str]:
         for r in items
         if isinstance(r, dict)
         and isinstance(r.get("full_name"), str)
-        and _storable(r["full_name"])
+        and storable(r["full_name"])
         and len(r["full_name"]) <= 200
     ]
 
@@ -325,7 +213,7 @@ def _installation_event(event: str, payload: Mapping[str, Any], now: datetime) -
     if event == "installation" and action == "created":
         account = inst.get("account") if isinstance(inst.get("account"), dict) else {}
         login = account.get("login") if isinstance(account.get("login"), str) else ""
-        if not login or not _storable(login):
+        if not login or not storable(login):
             return
         # A personal account cannot have organisation runners: its runners are per repository.
         kind = (
@@ -429,7 +317,7 @@ def check(
         return Outcome(400, {"error": "X-GitHub-Delivery is missing"})
     if len(delivery_id) > 100:
         return Outcome(400, {"error": "X-GitHub-Delivery is longer than 100 characters"})
-    if not _storable(event) or not _storable(delivery_id):
+    if not storable(event) or not storable(delivery_id):
         return Outcome(400, {"error": "a GitHub header contains a NUL character"})
     try:
         payload = parse_json(body)
