@@ -23,12 +23,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, QuerySet
+from django.db.models import QuerySet
 
 from fleet.host_checks import note_host_check
 from fleet.models import AgentTask, Host
 from fleet.states import OPEN_TASK_STATES, TaskKind, TaskState
-from fleet.transitions import transition_task
+from fleet.transitions import take_pending_tasks, transition_task
 from fleet.wakeups import announce_pending_tasks, notify_host
 from zoomies_site.core import registry
 from zoomies_site.core.sealing import seal, unseal_text
@@ -165,27 +165,13 @@ def take_tasks(
     if polled_at is not None:
         pending = pending.exclude(host__agent_started_at__gt=polled_at)
     # A cheap read first: an idle host's poll must not take the write lock every time.
-    candidates = list(pending.order_by("created_at", "pk")[: max(limit, 0)])
+    candidates = list(
+        pending.order_by("created_at", "pk").only("pk", "attempt", "lease_seconds")[: max(limit, 0)]
+    )
     if not candidates:
         return []
-    taken: list[int] = []
     with transaction.atomic():
-        for task in candidates:
-            moved = transition_task(
-                task.pk,
-                TaskState.IN_FLIGHT,
-                now=now,
-                actor=f"host:{host_id}",
-                attempt=task.attempt,
-                fields={
-                    "attempt": F("attempt") + 1,
-                    "taken_at": now,
-                    "lease_deadline": now + timedelta(seconds=task.lease_seconds),
-                },
-                record=False,
-            )
-            if moved:
-                taken.append(task.pk)
+        taken = take_pending_tasks(candidates, now=now)
     if not taken:
         return []
     return list(AgentTask.objects.filter(pk__in=taken).order_by("created_at", "pk"))

@@ -18,7 +18,7 @@ from django.db.backends.signals import connection_created
 from django.test import AsyncRequestFactory
 
 from accounts.models import AuditLog
-from fleet import api, wakeups
+from fleet import api, taskqueue, wakeups
 from fleet.actions import record_heartbeat, record_task_result, set_host_cordon
 from fleet.models import AgentTask
 from fleet.taskqueue import enqueue_task, sweep_tasks, take_tasks
@@ -157,6 +157,33 @@ def test_tasks_are_taken_oldest_first_and_only_the_hosts_own():
     theirs = enqueue(other, make_runner(other), now=T0)
     assert [t.pk for t in take_tasks(host, later(2))] == [first.pk, second.pk]
     assert [t.pk for t in take_tasks(other, later(2))] == [theirs.pk]
+
+
+@pytest.mark.django_db
+def test_task02_a_take_is_one_guarded_update_a_task(django_assert_max_num_queries, monkeypatch):
+    """Issue 28: a poll's take of ten tasks is a read, one compare-and-set UPDATE a task and
+    a read of what it took (four statements a task before: a savepoint, a fresh read, the
+    UPDATE, the release), each stamped as a delivery; a task another poll took meanwhile
+    (its attempt moved on) is not taken twice."""
+    host, _ = join("h1")
+    tasks = [enqueue(host, make_runner(host), now=later(i)) for i in range(10)]
+    AgentTask.objects.filter(pk=tasks[3].pk).update(attempt=1)  # "the other poll", as read
+    real_take = taskqueue.take_pending_tasks
+
+    def stale_for_one(candidates, *, now):
+        for task in candidates:
+            if task.pk == tasks[3].pk:
+                task.attempt = 0  # this poll read it before the other took it
+        return real_take(candidates, now=now)
+
+    monkeypatch.setattr(taskqueue, "take_pending_tasks", stale_for_one)
+    with django_assert_max_num_queries(10 + 6):
+        taken = take_tasks(host, later(20))
+    assert [t.pk for t in taken] == [t.pk for i, t in enumerate(tasks) if i != 3]
+    for task in taken:
+        assert (task.state, task.attempt, task.taken_at) == ("in_flight", 1, later(20))
+        assert task.lease_deadline == later(20) + timedelta(seconds=task.lease_seconds)
+    assert AgentTask.objects.get(pk=tasks[3].pk).state == "pending"
 
 
 @pytest.mark.django_db

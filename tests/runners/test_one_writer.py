@@ -51,6 +51,8 @@ OWNERS: dict[tuple[str, str], set[str]] = {
         "fleet/transitions.py::transition_task",
         "fleet/taskqueue.py::enqueue_task",
         "fleet/taskqueue.py::enqueue_tasks",
+        # Issue 28: a poll's take, one guarded UPDATE a task.
+        "fleet/transitions.py::take_pending_tasks",
     },
     ("Machine", "state"): {"fleet/transitions.py::transition_machine"},
     # HOST-29: loans only rise, from the agent's heartbeat.

@@ -166,6 +166,49 @@ def test_store02_no_transaction_is_open_while_github_is_called(fake_gh, fleet_ro
 
 
 @pytest.mark.django_db(transaction=True)
+def test_sched27_the_leases_writes_are_one_transaction_at_each_end_of_a_round(
+    fake_gh, fleet_rows, monkeypatch
+):
+    """Issue 28: the wake's mark and the acquire commit together, and so do the release and
+    the renewal between rounds: each lease write alone was a wait for SQLite's write lock,
+    about half a burst's reconcile time. A wake that arrives during a round still brings one
+    more round (SCHED-27)."""
+    installation, _pool, _host = fleet_rows
+    queue_jobs(installation, 1)
+    main_connection = connections["default"]
+    seen: list[tuple[str, bool]] = []
+    mark_dirty = leases.mark_dirty
+    for name in ("mark_dirty", "acquire", "release", "renew"):
+        real = getattr(leases, name)
+
+        def watching(*args, _name=name, _real=real, **kwargs):
+            seen.append((_name, main_connection.in_atomic_block))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(leases, name, watching)
+    real_once = reconcile.reconcile_once
+    rounds = []
+
+    def woken_during_the_first(now):
+        rounds.append(now)
+        report = real_once(now)
+        if len(rounds) == 1:
+            mark_dirty(reconcile.LEASE_NAME)  # a wake arrives mid-round (another process)
+        return report
+
+    monkeypatch.setattr(reconcile, "reconcile_once", woken_during_the_first)
+    reports = reconcile.reconcile_now(now_fn=lambda: T0)
+    assert reports is not None and len(rounds) == 2
+    inside = [(name, atomic) for name, atomic in seen if name != "release" or atomic]
+    assert inside[:4] == [
+        ("mark_dirty", True),
+        ("acquire", True),
+        ("release", True),
+        ("renew", True),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_sched17_a_runner_not_online_in_time_is_failed_with_a_reason(fake_gh, fleet_rows):
     installation, _pool, host = fleet_rows
     queue_jobs(installation, 1)
