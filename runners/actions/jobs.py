@@ -259,8 +259,7 @@ def apply_job_moves_together(moves: list[JobMove], *, source: str, actor: str) -
             events.append(("job.linked", job, move.now))
         if status == JobStatus.IN_PROGRESS:
             if runner.state == RunnerState.PROVISIONING:
-                log.info("runner %s: job %s started while it is provisioning; busy once it is "
-                         "registering", runner.name, job.github_id)  # fmt: skip
+                steps.note_started_while_provisioning(runner, job)
             else:
                 started.append(
                     RunnerMove(runner, RunnerState.BUSY, move.now, f"job {job.github_id} started")

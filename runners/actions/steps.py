@@ -255,16 +255,20 @@ def link_job_runner(job: Job, *, now: datetime, actor: str) -> Runner | None:
         emit("job.linked", job, at=now)
     if JOB_RANK[JobStatus(job.status)] == JOB_RANK[JobStatus.IN_PROGRESS]:
         if runner.state == RunnerState.PROVISIONING:
-            # An expected race, routine in a burst: the runner took its job before its
-            # agent's create result landed. Busy is off the allow-list from provisioning; the
-            # registering report makes it busy from this job row (RUN-16, reports.py).
-            log.info("runner %s: job %s started while it is provisioning; busy once it is "
-                     "registering", runner.name, job.github_id)  # fmt: skip
+            note_started_while_provisioning(runner, job)
             return runner
         transition_runner(
             runner.pk, RunnerState.BUSY, now=now, actor=actor, reason=f"job {job.github_id} started"
         )
     return runner
+
+
+def note_started_while_provisioning(runner: Runner, job: Job) -> None:
+    """An expected race, routine in a burst: the runner took its job before its agent's
+    create result landed. Busy is off the allow-list from provisioning; the registering
+    report makes it busy from the job row (RUN-16, reports.py), so only this line says so."""
+    log.info("runner %s: job %s started while it is provisioning; busy once it is registering",
+             runner.name, job.github_id)  # fmt: skip
 
 
 def finish_job_runner(job: Job, *, now: datetime, actor: str) -> None:
