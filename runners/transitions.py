@@ -80,9 +80,7 @@ def transition_runner(
                 reason or actor,
             )
             return TransitionResult(False, current, current)
-        # RUN-04: an ephemeral runner's one job is its last; it never goes back to idle.
-        ephemeral_reuse = ephemeral and (current, new_state) == (RunnerState.BUSY, RunnerState.IDLE)
-        if ephemeral_reuse or not can_transition(current, new_state):
+        if not _allowed(current, new_state, ephemeral=ephemeral):
             # A runner that has already ended (removed, failed) being asked to move again is
             # an expected race (a drain decided a moment before the exit was reported): a
             # debug line. Any other illegal edge is a bug worth a warning (issue 21 item 21:
@@ -107,6 +105,13 @@ def transition_runner(
             return TransitionResult(False, current, latest)
         _record_move(runner_id, current, new_state, now=now, actor=actor, reason=reason)
     return TransitionResult(True, current, new_state)
+
+
+def _allowed(current: str, new_state: str, *, ephemeral: bool) -> bool:
+    """The allow-list's word on a move, and RUN-04: an ephemeral runner's one job is its
+    last; it never goes back to idle."""
+    reuse = ephemeral and (current, new_state) == (RunnerState.BUSY, RunnerState.IDLE)
+    return not reuse and can_transition(current, new_state)
 
 
 def _move_fields(
@@ -154,8 +159,7 @@ def transition_read_runners(moves: Sequence[RunnerMove], *, actor: str) -> None:
     for move in moves:
         runner, new_state = move.runner, RunnerState(move.new_state)
         current = runner.state
-        reuse = runner.ephemeral and (current, new_state) == (RunnerState.BUSY, RunnerState.IDLE)
-        if current == new_state or reuse or not can_transition(current, new_state):
+        if current == new_state or not _allowed(current, new_state, ephemeral=runner.ephemeral):
             raise ValueError(f"runner {runner.pk}: {current} -> {new_state} is not a move")
         moved = Runner.objects.filter(
             pk=runner.pk, state=current, state__in=sources_of(new_state)

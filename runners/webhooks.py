@@ -409,6 +409,15 @@ def _delivery_fields(delivery: Delivery, installation: Installation | None) -> d
     }
 
 
+def _recorded_ids(deliveries: Sequence[Delivery], indexes: list[int]) -> set[str]:
+    """Which of these deliveries' ids are recorded already (a redelivery goes one by one)."""
+    return set(
+        WebhookDelivery.objects.filter(
+            delivery_id__in=[deliveries[i].delivery_id for i in indexes]
+        ).values_list("delivery_id", flat=True)
+    )
+
+
 def _new_queued_jobs(deliveries: Sequence[Delivery], burst: _Burst) -> list[int]:
     """The deliveries of a burst (their indexes) that only announce, as queued, a job never
     seen before, through an installation configured here: a busy installation's common case,
@@ -429,11 +438,7 @@ def _new_queued_jobs(deliveries: Sequence[Delivery], burst: _Burst) -> list[int]
     ]
     if len(candidates) < BULK_FROM:
         return []
-    known_ids = set(
-        WebhookDelivery.objects.filter(
-            delivery_id__in=[deliveries[i].delivery_id for i in candidates]
-        ).values_list("delivery_id", flat=True)
-    )
+    known_ids = _recorded_ids(deliveries, candidates)
     known_jobs = set(
         Job.objects.filter(
             github_id__in=[deliveries[i].update.github_id for i in candidates]  # type: ignore[union-attr]
@@ -498,11 +503,7 @@ def _known_job_moves(
     ]
     if len(candidates) < BULK_FROM:
         return {}
-    known_ids = set(
-        WebhookDelivery.objects.filter(
-            delivery_id__in=[deliveries[i].delivery_id for i in candidates]
-        ).values_list("delivery_id", flat=True)
-    )
+    known_ids = _recorded_ids(deliveries, candidates)
     # A delivery going one by one moves the runner its job names in the row when its own
     # update names none (a job cancelled while running): that runner is not the group's.
     grouped = set(candidates)

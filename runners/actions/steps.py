@@ -73,20 +73,25 @@ def drain(
         reason="its runner is draining",
     )
     if not _has_open_task(runner, TaskKind.STOP_RUNNER):
-        was_busy = result.previous == RunnerState.BUSY
-        grace = registry.get("runners.drain_grace") if was_busy else timedelta(0)
-        enqueue_task(
-            host_id=runner.host_id,
-            runner_id=runner.pk,
-            kind=TaskKind.STOP_RUNNER,
-            payload={
-                "runner_id": runner.pk,
-                "grace": int(grace.total_seconds()),
-                "timeout": int(registry.get("agent.stop_margin").total_seconds()),
-            },
-            now=now,
-        )
+        enqueue_task(**_stop_task(runner, was_busy=result.previous == RunnerState.BUSY, now=now))
     return result
+
+
+def _stop_task(runner: Runner, *, was_busy: bool, now: datetime) -> dict:
+    """A draining runner's stop task, as `enqueue_task`'s keywords: a busy runner is given
+    `runners.drain_grace` to finish its job (RUN-11), any other is signalled at once."""
+    grace = registry.get("runners.drain_grace") if was_busy else timedelta(0)
+    return {
+        "host_id": runner.host_id,
+        "runner_id": runner.pk,
+        "kind": TaskKind.STOP_RUNNER,
+        "payload": {
+            "runner_id": runner.pk,
+            "grace": int(grace.total_seconds()),
+            "timeout": int(registry.get("agent.stop_margin").total_seconds()),
+        },
+        "now": now,
+    }
 
 
 def fail(
@@ -320,21 +325,9 @@ def drain_finished_together(finished: list[tuple[Runner, int, datetime]], *, act
         ],
         actor=actor,
     )
-    grace = int(registry.get("runners.drain_grace").total_seconds())
-    timeout = int(registry.get("agent.stop_margin").total_seconds())
     enqueue_tasks(
         [
-            {
-                "host_id": runner.host_id,
-                "runner_id": runner.pk,
-                "kind": TaskKind.STOP_RUNNER,
-                "payload": {
-                    "runner_id": runner.pk,
-                    "grace": grace if runner.state == RunnerState.BUSY else 0,
-                    "timeout": timeout,
-                },
-                "now": now,
-            }
+            _stop_task(runner, was_busy=runner.state == RunnerState.BUSY, now=now)
             for runner, _, now in finished
         ]
     )
