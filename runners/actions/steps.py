@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import Q
 
@@ -77,7 +78,7 @@ def drain(
     return result
 
 
-def _stop_task(runner: Runner, *, was_busy: bool, now: datetime) -> dict:
+def _stop_task(runner: Runner, *, was_busy: bool, now: datetime) -> dict[str, Any]:
     """A draining runner's stop task, as `enqueue_task`'s keywords: a busy runner is given
     `runners.drain_grace` to finish its job (RUN-11), any other is signalled at once."""
     grace = registry.get("runners.drain_grace") if was_busy else timedelta(0)
