@@ -62,13 +62,26 @@ def unauthorized(message: str = "a valid agent token is required") -> JsonRespon
     return error(message, 401, **{"WWW-Authenticate": "Bearer"})
 
 
+# What a busy database or refusing storage says (SQLite's words; PostgreSQL's for a full
+# disk): an outage the agent should ride out with retries, where a missing table is a fault.
+UNAVAILABLE_MESSAGES = (
+    "database is locked",
+    "database is busy",
+    "readonly database",  # the file or its directory made read-only under the controller
+    "disk i/o error",  # SQLite's word for a write the file system refused, the -shm's too
+    "database or disk is full",
+    "no space left on device",
+)
+
+
 def database_unavailable(exc: Exception) -> bool:
     """True for a database that is busy or gone for now (worth the agent's retry): SQLite's
-    write lock held past its busy timeout, or a connection the server dropped."""
+    write lock held past its busy timeout, storage that refuses writes, or a connection the
+    server dropped."""
     if isinstance(exc, InterfaceError):
         return True
     message = str(exc).lower()
-    if "database is locked" in message or "database is busy" in message:
+    if any(words in message for words in UNAVAILABLE_MESSAGES):
         return True
     return any(not conn.is_usable() for conn in connections.all(initialized_only=True)
                if conn.connection is not None)  # fmt: skip
@@ -78,7 +91,7 @@ def busy(request: HttpRequest, exc: Exception) -> JsonResponse:
     """The 503 for a busy or dropped database, logged once: the agent tries again."""
     log.warning("agent %s: the database is unavailable: %s", request.path, exc)
     return error(
-        "the database is busy; nothing was recorded, try again",
+        "the database is busy or refusing writes; nothing was recorded, try again",
         503,
         **{"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)},
     )

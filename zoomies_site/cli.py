@@ -9,6 +9,7 @@ command, since the controller's metrics must be counted in files from its first 
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import shutil
 import sys
@@ -27,6 +28,9 @@ KEYLESS_COMMANDS = ("install", "uninstall")
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv if argv is None else argv)
+    # A process killed by a fatal signal (SIGSEGV, SIGBUS in a C library) otherwise leaves
+    # its log ending mid-line with no word of why: this writes every thread's stack first.
+    faulthandler.enable()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "zoomies_site.settings")
     command = argv[1:2]
     if command == ["controller"]:

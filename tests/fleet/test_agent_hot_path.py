@@ -152,12 +152,23 @@ def test_reports_and_task_results_run_on_the_agent_pool_threads(monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("route", ["heartbeat", "join"])
-def test_a_busy_database_answers_503_with_retry_after_never_500(monkeypatch, route):
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "database is locked",
+        # The store drill's outage (tests/e2e/test_drills_recovery.py): the file, or its
+        # -wal/-shm, made read-only under a running controller.
+        "attempt to write a readonly database",
+        "disk I/O error",
+        "database or disk is full",
+    ],
+)
+def test_a_busy_database_answers_503_with_retry_after_never_500(monkeypatch, route, refusal):
     _, token = join("h1")
     _, secret = actions.create_join_token(now=timezone.now(), actor="user:test")
 
     def locked(**kwargs):
-        raise OperationalError("database is locked")
+        raise OperationalError(refusal)
 
     monkeypatch.setattr(
         actions, "record_heartbeat" if route == "heartbeat" else "join_host", locked
