@@ -55,6 +55,7 @@ from fleet.agent.backends.process_shim import (
     OUTPUT_FILE,
     SIGNAL_EXIT_BASE,
     STOP_SIGNALS,
+    encode_runner_env,
     write_exit_code,
 )
 from fleet.agent.host import local_size, platform_name
@@ -129,6 +130,12 @@ class ProcessBackend(Backend):
         executable = spec.command[0]
         if shutil.which(executable) is None:
             raise BackendError(f"cannot run {executable!r}: not found or not executable")
+        try:
+            # Issue 21 item 13: the pool's env is the runner's alone; the shim gets it on its
+            # standard input (never on disk) and runs in the allow-listed basics.
+            runner_env = encode_runner_env({**self.base_env, **spec.env})
+        except ValueError as exc:
+            raise BackendError(f"the runner's environment is refused: {exc}") from None
         run_dir = self.run_dir(spec.runner_id)
         with self._lock:
             if (run_dir / META_FILE).exists():
@@ -148,9 +155,6 @@ class ProcessBackend(Backend):
                 "proc_start_time": None,
             }
             _write_json(run_dir / META_FILE, meta)
-            # Issue 21 item 13: the pool's env is the runner's alone; the shim gets it on its
-            # standard input (never on disk) and runs in the allow-listed basics.
-            runner_env = json.dumps({**self.base_env, **spec.env}).encode()
             # The shim inherits this thread's signal mask: with the stop signals blocked until
             # its handler is in place, a stop right after the create cannot kill it unrecorded.
             previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)

@@ -1,0 +1,107 @@
+"""The process backend's supervisor (fleet/agent/backends/process_shim.py), run as the agent
+runs it: `python -I process_shim.py DIR -- ARGV...` with the runner's environment on stdin."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fleet.agent.backends import process_shim
+from fleet.agent.backends.process import SHIM_PATH
+from fleet.agent.backends.process_shim import encode_runner_env, read_runner_env
+
+
+def run_shim(run_dir, command: list[str], stdin: bytes) -> tuple[int, str, str]:
+    done = subprocess.run(
+        [sys.executable, "-I", SHIM_PATH, str(run_dir), "--", *command],
+        input=stdin,
+        capture_output=True,
+        env={"PATH": os.environ["PATH"]},
+        timeout=30,
+    )
+    written = (run_dir / "exit_code").read_text()
+    return done.returncode, written.strip(), (run_dir / "output.log").read_text()
+
+
+def test_an_environment_survives_the_trip_whatever_its_values_hold():
+    env = {"PATH": "/usr/bin:/bin", "EQ": "a=b=c", "LINES": "one\ntwo", "UTF": "zoomies ✓", "E": ""}
+    assert read_runner_env(io.BytesIO(encode_runner_env(env))) == env
+    assert read_runner_env(io.BytesIO(b"")) == {}
+
+
+@pytest.mark.parametrize("env", [{"": "x"}, {"A=B": "x"}, {"NUL\0": "x"}, {"K": "nul\0inside"}])
+def test_a_variable_no_process_could_hold_is_refused_before_any_start(env):
+    with pytest.raises(ValueError, match="not an environment variable"):
+        encode_runner_env(env)
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"A=1\0B=2", "cut short"),  # the agent died mid-write
+        (b"A=1\0NOEQUALS\0", "not KEY=VALUE"),
+        (b"=1\0", "not KEY=VALUE"),
+        (b"A=\xff\0", "not UTF-8"),
+        (b'{"PATH": "/bin"}', "cut short"),  # the JSON an older agent sent
+    ],
+)
+def test_a_damaged_environment_is_a_clear_refusal(data, why):
+    with pytest.raises(ValueError, match=why):
+        read_runner_env(io.BytesIO(data))
+
+
+def test_the_runner_gets_exactly_its_environment_and_its_code_is_recorded(tmp_path):
+    (tmp_path / "work").mkdir()
+    env = {"PATH": os.environ["PATH"], "JIT": "a=b", "MULTI": "x\ny"}
+    code, written, output = run_shim(
+        tmp_path,
+        ["sh", "-c", 'pwd; env | sort; test "$MULTI" = "$(printf "x\\ny")" && exit 7'],
+        encode_runner_env(env),
+    )
+    assert (code, written) == (7, "7")
+    lines = output.splitlines()
+    assert lines[0] == str(tmp_path / "work")  # its working directory
+    assert "JIT=a=b" in lines
+    assert not [line for line in lines if line.startswith("PYTHON")]
+
+
+def test_a_runner_that_cannot_be_started_is_127_with_the_reason_in_its_log(tmp_path):
+    code, written, output = run_shim(
+        tmp_path, [str(tmp_path / "gone")], encode_runner_env({"PATH": "/bin"})
+    )
+    assert (code, written) == (process_shim.NOT_FOUND_EXIT, "127")
+    assert f"cannot start {str(tmp_path / 'gone')!r}" in output
+
+
+def test_a_shim_whose_environment_was_cut_short_starts_nothing_and_says_so(tmp_path):
+    marker = tmp_path / "ran"
+    code, written, output = run_shim(tmp_path, ["touch", str(marker)], b"PATH=/bin")
+    assert (code, written) == (process_shim.BAD_START_EXIT, "126")
+    assert "no environment for the runner: cut short" in output
+    assert not marker.exists()
+
+
+def test_a_runner_killed_by_a_signal_is_recorded_as_the_shell_would(tmp_path):
+    code, written, _ = run_shim(
+        tmp_path, ["sh", "-c", "kill -KILL $$"], encode_runner_env({"PATH": os.environ["PATH"]})
+    )
+    assert (code, written) == (128 + 9, "137")
+
+
+def test_the_shim_imports_only_what_the_interpreter_has_loaded_anyway():
+    """Its start is paid once a runner: no json, subprocess, pathlib, typing or enum."""
+    code = (
+        "import sys; before = set(sys.modules); "
+        f"import importlib.util as u; s = u.spec_from_file_location('shim', {SHIM_PATH!r}); "
+        "m = u.module_from_spec(s); s.loader.exec_module(m); "
+        "print(sorted(set(sys.modules) - before))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=30
+    )
+    added = set(eval(done.stdout))  # noqa: S307  # our own print of a list of names
+    assert not added & {"json", "subprocess", "pathlib", "typing", "re", "enum"}, added
