@@ -34,18 +34,14 @@ from fleet import actions, logs, protocol, wakeups
 from fleet.models import AgentTask, Host
 from fleet.runner_side import runner_side
 from fleet.selectors import host_cordoned, host_for_agent_token
-from fleet.task_results import TaskAnswer
 from fleet.taskqueue import take_tasks, wire_payload
 from zoomies_site.core import registry
-from zoomies_site.core.combining import Combiner
 from zoomies_site.core.sealing import SealError
 
 log = logging.getLogger("zoomies.fleet")
 
 MAX_BODY_BYTES = protocol.MAX_BODY_BYTES
 TASKS_PER_POLL = 10
-# The most task results one transaction closes (as the reports: runners.actions.reports).
-RESULTS_PER_TRANSACTION = 50
 # Each call is a query or two, so two threads keep up with thousands of polls; they also
 # bound how many connections the long-poll holds at once, however many agents wait.
 POLL_THREADS = 2
@@ -220,33 +216,16 @@ def task_result(request: HttpRequest, data: dict, task_id: int, *, host: Host) -
     body = protocol.TaskResult.from_json(data)
     if task_id > protocol.INT64_MAX:  # no row has such an id; the database would overflow
         raise actions.TaskNotFound(f"task {task_id} is not a task of this host")
-    _task_results(
-        TaskAnswer(host=host, task_id=task_id, ok=body.ok, error=body.error,
-                   attempt=body.attempt, now=timezone.now(), report=body.report)
-    )  # fmt: skip
+    actions.record_task_result(
+        host=host,
+        task_id=task_id,
+        ok=body.ok,
+        error=body.error,
+        attempt=body.attempt,
+        now=timezone.now(),
+        report=body.report,
+    )
     return JsonResponse(protocol.TaskResultAnswer(accepted=True).to_json())
-
-
-def _write_task_results(answers: list[TaskAnswer]) -> list[AgentTask | Exception]:
-    """One answer alone as before; several that arrived together in one transaction."""
-    if len(answers) > 1:
-        return actions.record_task_results(answers)
-    answer = answers[0]
-    try:
-        return [
-            actions.record_task_result(host=answer.host, task_id=answer.task_id, ok=answer.ok,
-                                       error=answer.error, attempt=answer.attempt,
-                                       now=answer.now, report=answer.report)
-        ]  # fmt: skip
-    except actions.FleetError as exc:  # a refusal is this answer's outcome
-        return [exc]
-
-
-# The results a burst's creates end in, written together by whichever pool thread comes next
-# (issue 28: one transaction each was the largest holder of SQLite's write lock in a burst).
-_task_results: Combiner[TaskAnswer, AgentTask] = Combiner(
-    _write_task_results, most=RESULTS_PER_TRANSACTION
-)
 
 
 @agent_view()
