@@ -26,7 +26,7 @@ def test_store05_each_pass_runs_on_the_database_it_names():
 
 def test_store05_the_test_command_runs_both_passes_and_fails_if_either_does():
     script = (ROOT / "scripts" / "test.sh").read_text()
-    assert re.search(r'ZOOMIES_DATABASE_URL="\$PG_URL"[^\n]*"\$\{PYTEST\[@\]\}"', script)
+    assert re.search(r'ZOOMIES_DATABASE_URL="\$PG_URL"[^\n]*"\$\{PG_PYTEST\[@\]\}"', script)
     assert re.search(r'^"\$\{PYTEST\[@\]\}" "\$@" \|\| sqlite_status=\$\?$', script, re.M)
     assert '[ "$sqlite_status" -eq 0 ] && [ "$pg_status" -eq 0 ]' in script
     # Skipping the PostgreSQL pass is said, never silent.
