@@ -98,12 +98,25 @@ def _keep_running(signum: int, frame: object) -> None:
     _received.append(signum)
 
 
+def _pending_stop() -> int:
+    """A stop signal waiting behind the block (0 for none)."""
+    pending = signal.sigpending()
+    return next((signum for signum in STOP_SIGNALS if signum in pending), 0)
+
+
 def _say(log_fd: int, line: str) -> None:
     os.write(log_fd, f"zoomies: {line}\n".encode())
 
 
 def _exec_runner(command: list[str], env: dict[str, str], cwd: str, log_fd: int) -> None:
-    """In the forked child: the runner in place of this process, or exit NOT_FOUND_EXIT."""
+    """In the forked child: the runner in place of this process, or exit NOT_FOUND_EXIT.
+
+    First the stop signals' default action back and their block lifted: a stop the group
+    got since the fork (pending here) ends this child at once, as it would have ended the
+    runner, rather than run the shim's handler and be swallowed before the exec."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:
         os.chdir(cwd)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -132,16 +145,18 @@ def main(argv: list[str]) -> int:
         _say(log_fd, f"no environment for the runner: {exc}")
         write_exit_code(run_dir, BAD_START_EXIT)
         return BAD_START_EXIT
+    # The backend starts us with the stop signals blocked (and they stay so here if it did
+    # not), so none is lost between this process and a runner not yet there to hear it: one
+    # sent so far waits, pending, and is looked at just before and just after the fork.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     # A Python handler, not SIG_IGN: exec resets handlers but would pass SIG_IGN on to the
     # runner, which would then never hear a stop.
     for signum in STOP_SIGNALS:
         signal.signal(signum, _keep_running)
-    # The backend started us with these blocked, so a stop sent while Python was starting
-    # waited for the handler; it is delivered now.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    if _received:
+    early = _pending_stop()
+    if early:
         # Stopped before the runner began: it never starts.
-        code = SIGNAL_EXIT_BASE + _received[0]
+        code = SIGNAL_EXIT_BASE + early
         write_exit_code(run_dir, code)
         return code
     work = os.path.join(run_dir, "work")
@@ -149,6 +164,12 @@ def main(argv: list[str]) -> int:
     if pid == 0:
         _exec_runner(command, runner_env, work if os.path.isdir(work) else run_dir, log_fd)
     os.close(log_fd)
+    late = _pending_stop()
+    if late:
+        # Sent in the instant before the fork, it reached this process alone: passed on
+        # (sent after it, the runner got it too, and hears it twice within microseconds).
+        os.kill(pid, late)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     # waitpid is retried after each stop signal's handler (PEP 475): the runner got the
     # group's signal too, and its end is what is recorded.
     _, status = os.waitpid(pid, 0)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -105,3 +107,35 @@ def test_the_shim_imports_only_what_the_interpreter_has_loaded_anyway():
     )
     added = set(eval(done.stdout))  # noqa: S307  # our own print of a list of names
     assert not added & {"json", "subprocess", "pathlib", "typing", "re", "enum"}, added
+
+
+def test_run11_a_stop_at_any_moment_of_the_start_ends_the_runner_never_lost(tmp_path):
+    """A stop sent to the group while the shim starts, checks, forks or execs: the runner
+    either never starts or hears it, and the shim records 143 either way. The child's
+    window between the fork and the exec once swallowed it in the shim's handler, and the
+    runner ran on to the SIGKILL (137; CI's test_run11_a_stop_without_a_grace_...)."""
+    env = encode_runner_env({"PATH": os.environ["PATH"]})
+    delays = [i / 1000 for i in range(40)]  # 0 to 39 ms: Python's start is about 15
+    for n, delay in enumerate(delays):
+        run_dir = tmp_path / str(n)
+        run_dir.mkdir()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, process_shim.STOP_SIGNALS)
+        try:
+            shim = subprocess.Popen(
+                [sys.executable, "-I", SHIM_PATH, str(run_dir), "--", "sleep", "30"],
+                stdin=subprocess.PIPE, env={"PATH": os.environ["PATH"]},
+                start_new_session=True,
+            )  # fmt: skip
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        shim.stdin.write(env)
+        shim.stdin.close()
+        time.sleep(delay)
+        os.killpg(shim.pid, signal.SIGTERM)
+        try:
+            shim.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(shim.pid, signal.SIGKILL)
+            shim.wait()
+            pytest.fail(f"a stop {delay * 1000:.0f} ms into the start was lost: the runner ran on")
+        assert (run_dir / "exit_code").read_text() == "143\n", delay
