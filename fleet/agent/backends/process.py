@@ -156,7 +156,8 @@ class ProcessBackend(Backend):
             }
             _write_json(run_dir / META_FILE, meta)
             # The shim inherits this thread's signal mask: with the stop signals blocked until
-            # its handler is in place, a stop right after the create cannot kill it unrecorded.
+            # it has forked the runner, a stop right after the create can neither kill it
+            # unrecorded nor be lost before the runner exists (process_shim.main).
             previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             try:
                 with open(run_dir / OUTPUT_FILE, "ab") as log:

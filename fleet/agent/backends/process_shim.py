@@ -90,12 +90,11 @@ def read_runner_env(stream: BinaryIO) -> dict[str, str]:
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_received: list[int] = []
 
 
 def _keep_running(signum: int, frame: object) -> None:
-    """The group signal reaches the child too; the shim outlives it to record the exit code."""
-    _received.append(signum)
+    """The group signal reaches the child too; the shim outlives it to record the exit code
+    (a stop before the runner exists is read from the pending set, `_pending_stop`)."""
 
 
 def _pending_stop() -> int:
