@@ -15,7 +15,7 @@ from runners.poller import poll_step
 from runners.reap import reap_step
 from runners.reconcile import LEASE_NAME, LEASE_TTL, reconcile_now
 from runners.redelivery import redelivery_step
-from runners.wake import clear_wake, wake_reconcile
+from runners.wake import wake_reconcile
 from zoomies_site.core import leases
 
 SWEEP_LEASE_TTL = timedelta(minutes=5)
@@ -26,9 +26,9 @@ def _holder() -> str:
 
 
 def reconcile_task() -> int:
-    clear_wake()  # before the pass: a wake during it enqueues the next one
-
-    reports = reconcile_now()
+    # The wake's flag is cleared before the pass reads anything: a wake during it enqueues
+    # the next one.
+    reports = reconcile_now(woken=True)
     return sum(len(r.created) for r in reports or [])
 
 

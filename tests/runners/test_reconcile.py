@@ -680,3 +680,51 @@ def test_issue21_item5_a_pool_whose_runners_cannot_start_is_a_problem_with_cause
     assert "2 runner(s) failed before GitHub showed them online" in problem["title"]
     assert f"{failed_at:%Y-%m-%d %H:%M:%S}" in problem["title"]
     assert "Cannot run '/opt/actions-runner/run.sh'" in problem["detail"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hook04_a_woken_pass_clears_its_wake_in_the_lease_transaction():
+    """The task a wake enqueued clears the flag with the lease's own write (one transaction
+    on the single job's path, not two): a wake from then on enqueues the next pass, and it
+    is cleared even when another holder has the lease (that holder was marked to run again)."""
+    wake.wake_reconcile()
+    wake.wake_reconcile()
+    assert OrmQ.objects.count() == 1
+    assert reconcile.reconcile_now(now_fn=lambda: T0, woken=True) is not None
+    wake.wake_reconcile()
+    assert OrmQ.objects.count() == 2
+
+    assert leases.acquire(reconcile.LEASE_NAME, holder="elsewhere:1:x", now=T0,
+                          ttl=timedelta(minutes=5))  # fmt: skip
+    assert reconcile.reconcile_now(now_fn=lambda: T0, woken=True) is None
+    wake.wake_reconcile()
+    assert OrmQ.objects.count() == 3
+    assert not leases.release(reconcile.LEASE_NAME, holder="elsewhere:1:x")  # told to run again
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_mints_run_on_threads_kept_between_passes(fake_gh, fleet_rows, monkeypatch):
+    """A pool of threads per pass started one on every single job's path to its mint."""
+    installation, _pool, host = fleet_rows
+    Host.objects.filter(pk=host.pk).update(capacity=5)
+    threads: list[str] = []
+    real_mint = reconcile._mint
+
+    def noting(*args):
+        threads.append(threading.current_thread().name)
+        return real_mint(*args)
+
+    def mint_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("mint")}
+
+    monkeypatch.setattr(reconcile, "_mint", noting)
+    kept = set()
+    for second in range(3):
+        queue_jobs(installation, 1, start=second + 1)
+        reports = reconcile.reconcile_now(now_fn=lambda s=second: T0 + timedelta(seconds=s))
+        assert sum(len(r.created) for r in reports) == 1
+        if second == 0:
+            kept = mint_threads()
+    assert len(threads) == 3
+    assert all(name.startswith("mint") for name in threads), threads
+    assert kept and mint_threads() == kept  # the later passes started no thread
