@@ -1,4 +1,4 @@
-"""The process backend's supervisor: `python -I .../process_shim.py DIR -- ARGV...`.
+"""The process backend's supervisor: `python -I -S .../process_shim.py DIR -- ARGV...`.
 
 It runs ARGV with its output appended to DIR/output.log and writes DIR/exit_code when the
 child ends. The agent starts it in a session of its own, so an agent that restarts is no
@@ -11,7 +11,7 @@ enums were 60 % of its CPU (docs/performance.md, "The supervisor").
 The runner's environment (the allow-listed basics and the pool's `env`) arrives on the
 shim's standard input as `KEY=VALUE` entries each ended by a NUL byte (as
 /proc/PID/environ holds them), never on disk, and only the runner gets it: the shim itself
-runs in the agent's allow-listed environment under `python -I`, so a pool's `PYTHONHOME`
+runs in the agent's allow-listed environment under `python -I -S`, so a pool's `PYTHONHOME`
 or `PYTHONPATH` meant for the job cannot break the supervisor and lose the exit code
 (issue 21 item 13).
 """

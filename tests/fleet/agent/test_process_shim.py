@@ -13,13 +13,13 @@ import time
 import pytest
 
 from fleet.agent.backends import process_shim
-from fleet.agent.backends.process import SHIM_PATH
+from fleet.agent.backends.process import SHIM_FLAGS, SHIM_PATH, shim_argv
 from fleet.agent.backends.process_shim import encode_runner_env, read_runner_env
 
 
 def run_shim(run_dir, command: list[str], stdin: bytes) -> tuple[int, str, str]:
     done = subprocess.run(
-        [sys.executable, "-I", SHIM_PATH, str(run_dir), "--", *command],
+        shim_argv(sys.executable, str(run_dir), command),
         input=stdin,
         capture_output=True,
         env={"PATH": os.environ["PATH"]},
@@ -95,7 +95,8 @@ def test_a_runner_killed_by_a_signal_is_recorded_as_the_shell_would(tmp_path):
 
 
 def test_the_shim_imports_only_what_the_interpreter_has_loaded_anyway():
-    """Its start is paid once a runner: no json, subprocess, pathlib, typing or enum."""
+    """Its start is paid once a runner: no json, subprocess, pathlib, typing or enum, and
+    under the backend's flags not even `site` (three of the bare interpreter's ten ms)."""
     code = (
         "import sys; before = set(sys.modules); "
         f"import importlib.util as u; s = u.spec_from_file_location('shim', {SHIM_PATH!r}); "
@@ -103,10 +104,13 @@ def test_the_shim_imports_only_what_the_interpreter_has_loaded_anyway():
         "print(sorted(set(sys.modules) - before))"
     )
     done = subprocess.run(
-        [sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=30
-    )
-    added = set(eval(done.stdout))  # noqa: S307  # our own print of a list of names
+        [sys.executable, *SHIM_FLAGS, "-c", f"{code}; print('site' in sys.modules)"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    added_line, site_line = done.stdout.splitlines()
+    added = set(eval(added_line))  # noqa: S307  # our own print of a list of names
     assert not added & {"json", "subprocess", "pathlib", "typing", "re", "enum"}, added
+    assert site_line == "False"
 
 
 def test_run11_a_stop_at_any_moment_of_the_start_ends_the_runner_never_lost(tmp_path):
@@ -122,7 +126,7 @@ def test_run11_a_stop_at_any_moment_of_the_start_ends_the_runner_never_lost(tmp_
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, process_shim.STOP_SIGNALS)
         try:
             shim = subprocess.Popen(
-                [sys.executable, "-I", SHIM_PATH, str(run_dir), "--", "sleep", "30"],
+                shim_argv(sys.executable, str(run_dir), ["sleep", "30"]),
                 stdin=subprocess.PIPE, env={"PATH": os.environ["PATH"]},
                 start_new_session=True,
             )  # fmt: skip
