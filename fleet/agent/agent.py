@@ -374,6 +374,8 @@ class Agent(TaskLoop, ReconcileLoop):
         if self.fatal_error is None:
             self.stop()
         self._memory.close()
+        for backend in self.backends.values():
+            backend.close()
         self.client.close()
         self._raise_if_fatal()
 

@@ -199,6 +199,11 @@ class Backend(ABC):
         called with a higher figure. This default has no limit to raise."""
         raise BackendError(f"runner {runner_id}: this backend has no memory limit to raise")
 
+    def close(self) -> None:
+        """Let go of what the backend holds open (the agent is stopping); its workloads
+        carry on. This default holds nothing."""
+        return
+
     # builtins.list: inside the class `list` is the method above.
     def prewarm(self, image: str | None, *, dind: bool = False) -> builtins.list[str]:
         """Prepare, ahead of any create, what a runner of `image` needs (AGENT-14); answers

@@ -6,8 +6,10 @@
         exit_code    written by the shim when the runner ends
         work/        the runner's working directory
 
-The runner is started through process_shim in its own session, so it survives an agent
-restart and its exit code is still learned from the file (AGENT-23).
+The runner is started by its supervisor (process_shim.supervise) in a session of its own,
+so it survives an agent restart and its exit code is still learned from the file
+(AGENT-23). The supervisors are forked by the agent's one spawner (`process_shim.py
+--spawner`, `Spawner` below), a warm interpreter, rather than each started as a new one.
 
 What a runner gets from the agent (SEC-05): its environment is built from an allow-list of
 the agent's own variables (`INHERITED_ENV`: the path, the locale, the user and their home)
@@ -28,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -54,7 +57,7 @@ from fleet.agent.backends.process_shim import (
     EXIT_CODE_FILE,
     OUTPUT_FILE,
     SIGNAL_EXIT_BASE,
-    STOP_SIGNALS,
+    SPAWNER_FLAG,
     encode_runner_env,
     write_exit_code,
 )
@@ -86,6 +89,120 @@ POLL_INTERVAL = 0.05
 # the reader has caught up with the runner.
 FOLLOW_READ = 32 * 1024
 FOLLOW_POLL = 0.2
+
+
+# How long a create waits for the spawner's answer: a fork and a pipe's round trip, far less
+# than a second even on a loaded host; past this the spawner is taken for stuck.
+SPAWN_ANSWER_TIMEOUT = 30.0
+
+
+class SpawnRefused(Exception):
+    """No supervisor was started for this request (or none can be known to have been)."""
+
+
+class Spawner:
+    """The agent's one `process_shim.py --spawner` (process_shim.serve), started at the first
+    create and again after it ended. Creates are one at a time per host (AGENT-01), and the
+    lock keeps the pipe's requests and answers paired besides."""
+
+    def __init__(self, argv: list[str], *, env: Mapping[str, str], cwd: Path) -> None:
+        self.argv = argv
+        self.env = dict(env)
+        self.cwd = cwd
+        self._process: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def spawn(
+        self, run_dir: str, command: list[str], env: dict[str, str]
+    ) -> tuple[int, int | None]:
+        """Fork a supervisor for `command`; (its pid, its start time) once it leads its own
+        session. SpawnRefused when none was started."""
+        request = (json.dumps({"run_dir": run_dir, "argv": command, "env": env}) + "\n").encode()
+        with self._lock:
+            process = self._running()
+            try:
+                assert process.stdin is not None  # noqa: S101  # stdin=PIPE
+                process.stdin.write(request)
+                process.stdin.flush()
+            except OSError:
+                # It had ended before this request: nothing of it was read. A fresh one.
+                self._discard()
+                process = self._running()
+                try:
+                    assert process.stdin is not None  # noqa: S101
+                    process.stdin.write(request)
+                    process.stdin.flush()
+                except OSError as exc:
+                    self._discard()
+                    raise SpawnRefused(f"the spawner does not take requests: {exc}") from exc
+            line = self._answer(process)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = {"error": f"an answer that is not JSON: {line[:80]!r}"}
+        if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int):
+            raise SpawnRefused(str(answer.get("error") if isinstance(answer, dict) else answer))
+        start = answer.get("start")
+        return answer["pid"], start if isinstance(start, int) else None
+
+    def _answer(self, process: subprocess.Popen[bytes]) -> bytes:
+        assert process.stdout is not None  # noqa: S101  # stdout=PIPE
+        ready, _, _ = select.select([process.stdout], [], [], SPAWN_ANSWER_TIMEOUT)
+        line = process.stdout.readline() if ready else b""
+        if not line:
+            # Ended or stuck with the request read: whether it forked is unknown, so this
+            # create fails (the runner is replaced) and the next one starts a fresh spawner.
+            self._discard()
+            raise SpawnRefused("the spawner ended or stopped answering mid-request")
+        return line
+
+    def _running(self) -> subprocess.Popen[bytes]:
+        if self._process is not None and self._process.poll() is None:
+            return self._process
+        self._discard()
+        try:
+            self._process = subprocess.Popen(
+                self.argv,
+                cwd=self.cwd,
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,  # the agent's group signals never reach it
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise SpawnRefused(f"cannot start the spawner: {exc}") from exc
+        return self._process
+
+    def _discard(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        for pipe in (process.stdin, process.stdout):
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()
+        if process.poll() is None:
+            process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+
+    def close(self) -> None:
+        """End the spawner (its input closed: it exits); the supervisors carry on."""
+        with self._lock:
+            process, self._process = self._process, None
+        if process is None:
+            return
+        with contextlib.suppress(OSError):
+            if process.stdin is not None:
+                process.stdin.close()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def process_identity(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, int] | None:
@@ -126,8 +243,11 @@ class ProcessBackend(Backend):
         self.base_env = runner_base_env(os.environ if base_env is None else base_env)
         self.cgroup_root = cgroup_root
         self.proc_root = proc_root
-        # Shims this process started: polled so they do not linger as zombies.
-        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._spawner = Spawner(
+            [python, *SHIM_FLAGS, SHIM_PATH, SPAWNER_FLAG, str(self.work_dir)],
+            env=self.base_env,
+            cwd=self.work_dir,
+        )
         self._lock = threading.Lock()
 
     # -- the interface --------------------------------------------------------------------
@@ -140,10 +260,11 @@ class ProcessBackend(Backend):
         executable = spec.command[0]
         if shutil.which(executable) is None:
             raise BackendError(f"cannot run {executable!r}: not found or not executable")
+        env = {**self.base_env, **spec.env}
         try:
-            # Issue 21 item 13: the pool's env is the runner's alone; the shim gets it on its
-            # standard input (never on disk) and runs in the allow-listed basics.
-            runner_env = encode_runner_env({**self.base_env, **spec.env})
+            # Issue 21 item 13: the pool's env is the runner's alone; the supervisor gets it
+            # over the spawner's pipe (never on disk) and runs in the allow-listed basics.
+            encode_runner_env(env)  # what no process could hold is refused here
         except ValueError as exc:
             raise BackendError(f"the runner's environment is refused: {exc}") from None
         run_dir = self.run_dir(spec.runner_id)
@@ -165,40 +286,21 @@ class ProcessBackend(Backend):
                 "proc_start_time": None,
             }
             _write_json(run_dir / META_FILE, meta)
-            # The shim inherits this thread's signal mask: with the stop signals blocked until
-            # it has forked the runner, a stop right after the create can neither kill it
-            # unrecorded nor be lost before the runner exists (process_shim.main).
-            previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             try:
-                with open(run_dir / OUTPUT_FILE, "ab") as log:
-                    child = subprocess.Popen(
-                        shim_argv(self.python, str(run_dir), list(spec.command)),
-                        cwd=run_dir,
-                        env=self.base_env,
-                        stdin=subprocess.PIPE,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                        close_fds=True,
-                    )
-            except OSError as exc:
+                # Forked by the spawner with the stop signals blocked until it has forked the
+                # runner, so a stop right after the create can neither kill it unrecorded
+                # nor be lost before the runner exists (process_shim.supervise).
+                pid, start_time = self._spawner.spawn(str(run_dir), list(spec.command), env)
+            except SpawnRefused as exc:
                 shutil.rmtree(run_dir, ignore_errors=True)
                 raise BackendError(f"cannot start the runner's supervisor: {exc}") from exc
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
-            if child.stdin is not None:  # always, with stdin=PIPE
-                try:
-                    with child.stdin:
-                        child.stdin.write(runner_env)
-                except OSError:
-                    pass  # the shim ended before it read it: inspect finds it exited
-            # Readable even if the shim already ended: an unreaped child stays in /proc.
-            identity = process_identity(child.pid, self.proc_root)
-            meta["pid"] = child.pid
-            meta["proc_start_time"] = identity[1] if identity else None
+            meta["pid"] = pid
+            meta["proc_start_time"] = start_time
             _write_json(run_dir / META_FILE, meta)
-            self._children[spec.runner_id] = child
         return Handle(runner_id=spec.runner_id, ref=str(run_dir))
+
+    def close(self) -> None:
+        self._spawner.close()
 
     def inspect(self, runner_id: int) -> Workload:
         run_dir = self.run_dir(runner_id)
@@ -208,7 +310,6 @@ class ProcessBackend(Backend):
             meta = _read_meta(run_dir)
         if meta is None:
             return Workload(runner_id=runner_id, status=WorkloadStatus.MISSING)
-        self._reap(runner_id)
         code = _read_exit_code(run_dir)
         if code is None and self._alive(meta):
             status = WorkloadStatus.RUNNING
@@ -269,15 +370,12 @@ class ProcessBackend(Backend):
             self._signal_group(meta, signal.SIGKILL)
             if not self._wait_gone(runner_id, meta, KILL_WAIT):
                 raise BackendError(f"runner {runner_id}'s process did not die after SIGKILL")
-        self._reap(runner_id)
         try:
             shutil.rmtree(run_dir)
         except FileNotFoundError:
             pass
         except OSError as exc:
             raise BackendError(f"cannot delete {run_dir}: {exc}") from exc
-        with self._lock:
-            self._children.pop(runner_id, None)
 
     def logs(self, runner_id: int) -> bytes:
         try:
@@ -348,18 +446,11 @@ class ProcessBackend(Backend):
     def _wait_gone(self, runner_id: int, meta: dict[str, Any], timeout: float) -> bool:
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
-            self._reap(runner_id)
             if not self._alive(meta):
                 return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(POLL_INTERVAL)
-
-    def _reap(self, runner_id: int) -> None:
-        with self._lock:
-            child = self._children.get(runner_id)
-            if child is not None and child.poll() is not None:
-                del self._children[runner_id]
 
 
 def read_tail(path: Path, limit: int = OUTPUT_TAIL_BYTES) -> str | None:

@@ -90,6 +90,8 @@ def read_runner_env(stream: BinaryIO) -> dict[str, str]:
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+INTERPRETER_IGNORED = (signal.SIGPIPE, signal.SIGXFSZ)
+SPAWNER_FLAG = "--spawner"
 
 
 def _keep_running(signum: int, frame: object) -> None:
@@ -115,6 +117,10 @@ def _exec_runner(command: list[str], env: dict[str, str], cwd: str, log_fd: int)
     runner, rather than run the shim's handler and be swallowed before the exec."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
+    # Python ignores these two at its start, and an ignored signal stays ignored across exec:
+    # the job's `yes | head -1` would then spin on EPIPE instead of ending.
+    for signum in INTERPRETER_IGNORED:
+        signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:
         os.chdir(cwd)
@@ -129,21 +135,11 @@ def _exec_runner(command: list[str], env: dict[str, str], cwd: str, log_fd: int)
         os._exit(NOT_FOUND_EXIT)  # reached only when exec failed
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: process_shim DIR -- ARGV...", file=sys.stderr)
-        return 2
-    run_dir = argv[0]
-    command = argv[2:]
-    log_fd = os.open(
-        os.path.join(run_dir, OUTPUT_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
-    )
-    try:
-        runner_env = read_runner_env(sys.stdin.buffer)
-    except ValueError as exc:
-        _say(log_fd, f"no environment for the runner: {exc}")
-        write_exit_code(run_dir, BAD_START_EXIT)
-        return BAD_START_EXIT
+def supervise(run_dir: str, command: list[str], runner_env: dict[str, str], log_fd: int) -> int:
+    """Run `command` to its end and record its exit code; the supervisor's whole life.
+
+    `log_fd` (the output file, opened for appending) is the runner's stdout and stderr and
+    is closed here once the runner has it."""
     # The backend starts us with the stop signals blocked (and they stay so here if it did
     # not), so none is lost between this process and a runner not yet there to hear it: one
     # sent so far waits, pending, and is looked at just before and just after the fork.
@@ -177,6 +173,131 @@ def main(argv: list[str]) -> int:
         code = SIGNAL_EXIT_BASE - code
     write_exit_code(run_dir, code)
     return code
+
+
+def _open_log(run_dir: str) -> int:
+    return os.open(
+        os.path.join(run_dir, OUTPUT_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
+    )
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == [SPAWNER_FLAG]:
+        # The rest names the agent's work directory, for `ps` alone: each supervisor forked
+        # from here keeps this command line, which then says whose runner it serves.
+        return serve()
+    if len(argv) < 3 or argv[1] != "--":
+        print(
+            "usage: process_shim DIR -- ARGV...  |  process_shim --spawner WORK_DIR",
+            file=sys.stderr,
+        )
+        return 2
+    run_dir = argv[0]
+    command = argv[2:]
+    log_fd = _open_log(run_dir)
+    try:
+        runner_env = read_runner_env(sys.stdin.buffer)
+    except ValueError as exc:
+        _say(log_fd, f"no environment for the runner: {exc}")
+        write_exit_code(run_dir, BAD_START_EXIT)
+        return BAD_START_EXIT
+    return supervise(run_dir, command, runner_env, log_fd)
+
+
+# -- the spawner ---------------------------------------------------------------------------
+
+
+def serve(requests: BinaryIO | None = None, answers_fd: int = 1) -> int:
+    """`process_shim.py --spawner WORK_DIR`: the agent's one warm interpreter that forks
+    each runner's supervisor, instead of a new interpreter started for every runner (7 to
+    10 CPU-ms each, and the host's one create slot held meanwhile: issue 28, the burst of
+    500).
+
+    Each request is a JSON line {"run_dir", "argv", "env"}; each answer a JSON line
+    {"pid", "start"} once the supervisor leads a session of its own (so the agent's killpg
+    reaches it at once), or {"error"}. The supervisors are the spawner's children, reaped by
+    the kernel (SIGCHLD ignored here), and carry on when it ends: it ends when the agent
+    closes its input or dies, and the agent starts another at its next create.
+    """
+    import json  # noqa: PLC0415  # the spawner's alone, paid once in its life
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    for line in requests or sys.stdin.buffer:
+        try:
+            request = json.loads(line)
+            run_dir, command, env = request["run_dir"], request["argv"], request["env"]
+            if not (
+                isinstance(run_dir, str)
+                and isinstance(command, list)
+                and command
+                and all(isinstance(a, str) for a in command)
+                and isinstance(env, dict)
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+            ):
+                raise ValueError("not a spawn request")
+            pid, start = _fork_supervisor(run_dir, command, env)
+            answer: dict[str, object] = {"pid": pid, "start": start}
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            answer = {"error": f"{exc.__class__.__name__}: {exc}"}
+        os.write(answers_fd, (json.dumps(answer) + "\n").encode())
+    return 0
+
+
+def _fork_supervisor(
+    run_dir: str, command: list[str], env: dict[str, str]
+) -> tuple[int, int | None]:
+    """Fork one supervisor; (its pid, its start time in clock ticks) once it has its own
+    session, its output file as stdout and stderr and the stop signals blocked (as the
+    backend's Popen of the shim gave them)."""
+    log_fd = _open_log(run_dir)
+    ready_r, ready_w = os.pipe()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for fd in (log_fd, ready_r, ready_w):
+            os.close(fd)
+        raise
+    if pid == 0:
+        _supervisor_child(run_dir, command, env, log_fd, ready_r, ready_w)
+    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    os.close(ready_w)
+    os.close(log_fd)
+    said = b""
+    while chunk := os.read(ready_r, 64):
+        said += chunk
+    os.close(ready_r)
+    return pid, int(said) if said.isdigit() else None
+
+
+def _supervisor_child(
+    run_dir: str, command: list[str], env: dict[str, str], log_fd: int, ready_r: int, ready_w: int
+) -> None:
+    """In the forked supervisor: never returns."""
+    code = BAD_START_EXIT
+    try:
+        os.close(ready_r)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its own waitpid needs its runner
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        with open(f"/proc/{os.getpid()}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        os.write(ready_w, fields[19] if len(fields) > 19 else b"")
+        os.close(ready_w)  # the spawner answers the agent now
+        code = supervise(run_dir, command, env, log_fd)
+    except BaseException as exc:  # whatever it was, the exit code is owed
+        try:
+            _say(2, f"the runner's supervisor failed: {exc!r}")
+            write_exit_code(run_dir, code, only_if_missing=True)
+        except BaseException:  # noqa: S110  # nothing is left to tell
+            pass
+    finally:
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ def backend(tmp_path: Path):
     yield made
     for workload in made.list():
         made.remove(workload.runner_id)
+    made.close()
 
 
 def exited(backend: ProcessBackend, runner_id: int):
