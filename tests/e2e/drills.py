@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psycopg
 
+from fleet.agent.backends.process_shim import SPAWNER_NAME
 from tests.e2e.harness import wait_for
 
 
@@ -42,16 +43,20 @@ def audited(controller, action: str) -> int:
 
 
 def live_workloads(data_dir: Path) -> int:
-    """Runner processes still alive: their command lines name the agent's state dir."""
+    """Runner processes still alive: their command lines name the agent's state dir. The
+    process backend's spawner names it too but is the agent's own helper, not a runner's
+    (its supervisors keep its command line: its name tells them apart)."""
     count = 0
     for pid_dir in Path("/proc").iterdir():
         if not pid_dir.name.isdigit():
             continue
         try:
             cmdline = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if str(data_dir) not in cmdline:
+                continue
+            count += (pid_dir / "comm").read_text().strip() != SPAWNER_NAME
         except OSError:
             continue
-        count += str(data_dir) in cmdline
     return count
 
 

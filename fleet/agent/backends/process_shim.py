@@ -92,6 +92,10 @@ def read_runner_env(stream: BinaryIO) -> dict[str, str]:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 INTERPRETER_IGNORED = (signal.SIGPIPE, signal.SIGXFSZ)
 SPAWNER_FLAG = "--spawner"
+# What `ps -o comm` and /proc/PID/comm say of each (15 bytes at most): the supervisors keep
+# the spawner's command line, so this is what tells the two apart.
+SPAWNER_NAME = "zoomies-spawner"
+SUPERVISOR_NAME = "zoomies-superv"
 
 
 def _keep_running(signum: int, frame: object) -> None:
@@ -222,6 +226,7 @@ def serve(requests: BinaryIO | None = None, answers_fd: int = 1) -> int:
     import json  # noqa: PLC0415  # the spawner's alone, paid once in its life
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    _name_this_process(SPAWNER_NAME)
     for line in requests or sys.stdin.buffer:
         try:
             request = json.loads(line)
@@ -241,6 +246,14 @@ def serve(requests: BinaryIO | None = None, answers_fd: int = 1) -> int:
             answer = {"error": f"{exc.__class__.__name__}: {exc}"}
         os.write(answers_fd, (json.dumps(answer) + "\n").encode())
     return 0
+
+
+def _name_this_process(name: str) -> None:
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(name)
+    except OSError:
+        pass  # no /proc here: only `ps` is the poorer for it
 
 
 def _fork_supervisor(
@@ -280,6 +293,7 @@ def _supervisor_child(
         os.close(ready_r)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its own waitpid needs its runner
         os.setsid()
+        _name_this_process(SUPERVISOR_NAME)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)

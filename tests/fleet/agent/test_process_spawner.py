@@ -24,7 +24,7 @@ from fleet.agent.backends.process import (
     Spawner,
     SpawnRefused,
 )
-from fleet.agent.backends.process_shim import SPAWNER_FLAG
+from fleet.agent.backends.process_shim import SPAWNER_FLAG, SPAWNER_NAME, SUPERVISOR_NAME
 from tests.waiting import wait_until
 
 SLEEPER = ["sleep", "30"]
@@ -71,11 +71,13 @@ def test_every_supervisor_is_forked_by_one_spawner_and_leads_a_session_of_its_ow
         backend.create(spec(rid, SLEEPER))
     spawner = spawner_pid(backend)
     assert SPAWNER_FLAG in Path(f"/proc/{spawner}/cmdline").read_text()
+    assert Path(f"/proc/{spawner}/comm").read_text().strip() == SPAWNER_NAME
     for rid in (1, 2, 3):
         pid = meta(backend, rid)["pid"]
         # Its command line names the agent's work directory (what `ps` and the tests'
         # kill_leftovers look for), as the shim's own once named the runner's directory.
         assert str(backend.work_dir) in Path(f"/proc/{pid}/cmdline").read_text()
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == SUPERVISOR_NAME
         assert parent_of(pid) == spawner
         assert os.getpgid(pid) == pid and os.getsid(pid) == pid  # killpg reaches it
         assert meta(backend, rid)["proc_start_time"] is not None
