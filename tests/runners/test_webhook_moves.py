@@ -12,6 +12,8 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.models import AuditLog
@@ -203,7 +205,9 @@ def test_hook05_hook06_a_bursts_moves_are_written_together_as_one_by_one_would(m
         return real(moves, **kwargs)
 
     monkeypatch.setattr(webhooks, "apply_job_moves_together", watched)
-    together = answers(webhooks.record(a_busy_fleets_burst()))
+    burst = a_busy_fleets_burst()  # its fleet's own single deliveries go together too
+    together_ids.clear()
+    together = answers(webhooks.record(burst))
     first = state()
     assert sorted(together_ids) == [1, 2, 3, 4, 16, 17]
 
@@ -281,3 +285,25 @@ def test_a_runner_moved_since_the_group_read_it_sends_the_group_one_by_one(monke
     assert Job.objects.filter(github_id__range=(200, 202), status="in_progress").count() == 3
     assert WebhookDelivery.objects.filter(action="in_progress").count() == 3
     assert AuditLog.objects.filter(action="runner.busy").count() == 2
+
+
+def test_a_single_jobs_moves_go_together_in_fewer_statements_to_the_same_rows(monkeypatch):
+    """A single job's `in_progress` and `completed` arrive one at a time: the grouped path
+    takes them too (BULK_FROM 1), in fewer statements, leaving what one by one leaves."""
+    host, installation = make_host(), acme_installation()
+    results = []
+    for bulk_from in (1, 10**6):
+        wipe()
+        monkeypatch.setattr(webhooks, "BULK_FROM", bulk_from)
+        make_runner(name="r1", state="idle", host=host, installation=installation)
+        webhooks.record([checked(1, "queued")])
+        counts = []
+        for action in ("in_progress", "completed"):
+            with CaptureQueriesContext(connection) as queries:
+                webhooks.record([checked(1, action, "r1")])
+            counts.append(len(queries.captured_queries))
+        results.append((counts, state()))
+    (together, first), (alone, second) = results
+    assert first == second
+    assert first["runners"]["r1"][0] == "draining"
+    assert together[0] < alone[0] and together[1] < alone[1], (together, alone)
