@@ -97,7 +97,12 @@ SPAWN_ANSWER_TIMEOUT = 30.0
 
 
 class SpawnRefused(Exception):
-    """No supervisor was started for this request (or none can be known to have been)."""
+    """No supervisor was started for this request; with `uncertain`, the spawner ended with
+    the request read, and one may have been."""
+
+    def __init__(self, message: str, *, uncertain: bool = False) -> None:
+        super().__init__(message)
+        self.uncertain = uncertain
 
 
 class Spawner:
@@ -153,7 +158,7 @@ class Spawner:
             # Ended or stuck with the request read: whether it forked is unknown, so this
             # create fails (the runner is replaced) and the next one starts a fresh spawner.
             self._discard()
-            raise SpawnRefused("the spawner ended or stopped answering mid-request")
+            raise SpawnRefused("the spawner ended or stopped answering mid-request", uncertain=True)
         return line
 
     def _running(self) -> subprocess.Popen[bytes]:
@@ -203,6 +208,31 @@ class Spawner:
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+# How long a supervisor forked by a spawner that then died is given to take its output file
+# as its stdout (it does so first thing) before the file's writers are looked for.
+ORPHAN_SETTLE = 0.2
+
+
+def kill_writers_of(path: Path, proc_root: Path = Path("/proc")) -> list[int]:
+    """SIGKILL, with its process group, every process whose stdout is `path`; their pids."""
+    target, killed = str(path), []
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "fd" / "1") != target:
+                continue
+            pid = int(entry.name)
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except OSError:
+            continue  # gone meanwhile, or not ours to look at
+    return killed
 
 
 def process_identity(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, int] | None:
@@ -292,6 +322,11 @@ class ProcessBackend(Backend):
                 # nor be lost before the runner exists (process_shim.supervise).
                 pid, start_time = self._spawner.spawn(str(run_dir), list(spec.command), env)
             except SpawnRefused as exc:
+                if exc.uncertain:
+                    # A supervisor the dying spawner forked would run a runner nobody tracks:
+                    # found by the output file it writes to, and ended with its runner.
+                    time.sleep(ORPHAN_SETTLE)
+                    kill_writers_of(run_dir / OUTPUT_FILE, self.proc_root)
                 shutil.rmtree(run_dir, ignore_errors=True)
                 raise BackendError(f"cannot start the runner's supervisor: {exc}") from exc
             meta["pid"] = pid

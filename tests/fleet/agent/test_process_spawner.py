@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.agent.backends.base import RunnerSpec, WorkloadStatus
+from fleet.agent.backends.base import BackendError, RunnerSpec, WorkloadStatus
 from fleet.agent.backends.process import (
     SHIM_FLAGS,
     SHIM_PATH,
@@ -172,3 +172,42 @@ def test_a_spawner_that_ends_mid_request_fails_that_create_only(tmp_path):
     with pytest.raises(SpawnRefused):
         spawner.spawn(str(tmp_path), ["true"], {})
     spawner.close()
+
+
+# A spawner that forks a supervisor-like child (its stdout the runner's output file, a
+# session of its own, then a sleep) and dies without answering.
+DIES_AFTER_FORKING = """
+import json, os, sys, time
+request = json.loads(sys.stdin.readline())
+if os.fork() == 0:
+    os.setsid()
+    log = os.open(os.path.join(request["run_dir"], "output.log"), os.O_WRONLY | os.O_CREAT)
+    os.dup2(log, 1)
+    time.sleep(60)
+    os._exit(0)
+os._exit(9)
+"""
+
+
+def test_a_supervisor_forked_by_a_spawner_that_then_died_is_not_left_running(tmp_path):
+    """Whether the spawner forked before it died is unknown to the agent: the create fails,
+    and whatever writes to that runner's output file is found and ended with it."""
+    backend = ProcessBackend(tmp_path / "work", base_env={"PATH": os.environ["PATH"]})
+    backend._spawner.argv = [sys.executable, "-c", DIES_AFTER_FORKING]
+    with pytest.raises(BackendError, match="mid-request"):
+        backend.create(spec(1, SLEEPER))
+    orphans = [
+        entry.name for entry in Path("/proc").iterdir() if entry.name.isdigit()
+        # " (deleted)" once the directory is gone
+        and _stdout_of(entry).startswith(str(backend.run_dir(1) / "output.log"))
+    ]  # fmt: skip
+    assert orphans == []
+    assert not backend.run_dir(1).exists()
+    backend.close()
+
+
+def _stdout_of(entry: Path) -> str:
+    try:
+        return os.readlink(entry / "fd" / "1")
+    except OSError:
+        return ""
