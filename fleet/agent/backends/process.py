@@ -73,7 +73,9 @@ SHIM_FLAGS = ("-I", "-S")
 
 
 def shim_argv(python: str, run_dir: str, command: list[str]) -> list[str]:
-    """How the supervisor of one runner is started."""
+    """The shim's standalone mode, one interpreter for one runner (its environment on
+    standard input): what the spawner's supervisors run, `process_shim.supervise`, without
+    the spawner. The agent uses the spawner; the shim's own tests start it this way."""
     return [python, *SHIM_FLAGS, SHIM_PATH, run_dir, "--", *command]
 
 
@@ -124,22 +126,19 @@ class Spawner:
         session. SpawnRefused when none was started."""
         request = (json.dumps({"run_dir": run_dir, "argv": command, "env": env}) + "\n").encode()
         with self._lock:
-            process = self._running()
-            try:
-                assert process.stdin is not None  # noqa: S101  # stdin=PIPE
-                process.stdin.write(request)
-                process.stdin.flush()
-            except OSError:
-                # It had ended before this request: nothing of it was read. A fresh one.
-                self._discard()
+            for fresh in (False, True):
                 process = self._running()
                 try:
-                    assert process.stdin is not None  # noqa: S101
+                    assert process.stdin is not None  # noqa: S101  # stdin=PIPE
                     process.stdin.write(request)
                     process.stdin.flush()
+                    break
                 except OSError as exc:
+                    # It had ended before this request, so nothing of it was read: once more
+                    # on a fresh one.
                     self._discard()
-                    raise SpawnRefused(f"the spawner does not take requests: {exc}") from exc
+                    if fresh:
+                        raise SpawnRefused(f"the spawner does not take requests: {exc}") from exc
             line = self._answer(process)
         try:
             answer = json.loads(line)
@@ -181,33 +180,29 @@ class Spawner:
 
     def _discard(self) -> None:
         process, self._process = self._process, None
-        if process is None:
-            return
-        for pipe in (process.stdin, process.stdout):
-            with contextlib.suppress(OSError):
-                if pipe is not None:
-                    pipe.close()
-        if process.poll() is None:
-            process.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
+        _end(process, grace=0.0)
 
     def close(self) -> None:
         """End the spawner (its input closed: it exits); the supervisors carry on."""
         with self._lock:
             process, self._process = self._process, None
-        if process is None:
-            return
-        with contextlib.suppress(OSError):
-            if process.stdin is not None:
-                process.stdin.close()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        _end(process, grace=5.0)
+
+
+def _end(process: subprocess.Popen[bytes] | None, *, grace: float) -> None:
+    """Close a spawner's input, give it `grace` seconds to exit, then kill it; reaped."""
+    if process is None:
+        return
+    with contextlib.suppress(OSError):
+        if process.stdin is not None:
+            process.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=grace)
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+    if process.stdout is not None:
+        process.stdout.close()
 
 
 # How long a supervisor forked by a spawner that then died is given to take its output file
