@@ -1,4 +1,5 @@
-"""Host, join-token and agent-protocol actions: every fleet state change goes through here.
+"""Host, join-token and agent-protocol actions: every fleet state change goes through here,
+but an agent's answers to its tasks (fleet.task_results).
 
 Each action is one transaction that changes its rows and writes its audit row. The agent
 protocol views (fleet.api), the admin and the management commands call them; so do the
@@ -36,7 +37,7 @@ from fleet.selectors import AGENT_TOKEN_PREFIX, JOIN_TOKEN_PREFIX, hash_secret
 from fleet.states import OPEN_TASK_STATES, HostHealth, TaskKind, TaskState
 from fleet.taskqueue import cancel_tasks, enqueue_task, settle_in_flight
 from fleet.throttle import cpu_factor
-from fleet.transitions import transition_host_health, transition_task
+from fleet.transitions import transition_host_health
 from zoomies_site.core import registry
 from zoomies_site.core.events import emit
 
@@ -511,64 +512,6 @@ def drain_host(*, host: Host, now: datetime, actor: str) -> list[str]:
 
 
 # -- task results -------------------------------------------------------------------------
-
-
-def record_task_result(
-    *,
-    host: Host,
-    task_id: int,
-    ok: bool,
-    error: str | None,
-    attempt: int | None,
-    now: datetime,
-    actor: str | None = None,
-    report: Mapping[str, Any] | None = None,
-) -> AgentTask:
-    """Close an in-flight task with the agent's answer (or the controller's, `actor`, for a
-    task it could not deliver), and let the runners side act on a failure, in one
-    transaction.
-
-    TASK-14: another host's task is not found. A task not in flight, or in flight under a
-    later attempt than the one answered, is a conflict (its lease ended and it was offered
-    again, or it was cancelled). What a failed create or stop means for its runner is
-    `runners.actions.steps.runner_task_failed` (RUN-14, TASK-05); a failed remove is issued
-    again by housekeeping until the host confirms one (TASK-08).
-    """
-    actor = actor or agent_actor(host)
-    error = (error or "").strip()
-    with transaction.atomic(durable=True):
-        task = AgentTask.objects.filter(pk=task_id, host=host).select_related("runner").first()
-        if task is None:
-            raise TaskNotFound(f"task {task_id} is not a task of this host")
-        new_state = TaskState.DONE if ok else TaskState.FAILED
-        if task.state != TaskState.IN_FLIGHT:
-            raise TaskNotInFlight(f"task {task_id} is {task.state}, not in flight")
-        if not transition_task(
-            task.pk,
-            new_state,
-            now=now,
-            actor=actor,
-            reason=error,
-            attempt=attempt,
-            fields={"error": "" if ok else error},
-        ):
-            task.refresh_from_db()
-            if task.state != TaskState.IN_FLIGHT:
-                raise TaskNotInFlight(f"task {task_id} is {task.state}, not in flight")
-            raise TaskNotInFlight(
-                f"task {task_id} is in flight as attempt {task.attempt}, not {attempt}"
-            )
-        if not ok:
-            runner_side().task_failed(task, error=error, now=now, actor=actor)
-        if task.kind == TaskKind.CHECK_HOST:
-            found = dict(report or {})
-            clock = found.get("clock")
-            if isinstance(clock, int | float) and not isinstance(clock, bool):
-                found["clock_skew_s"] = round(clock - now.timestamp(), 1)  # + is ahead
-            note_host_check(host.pk, task, state="done" if ok else "failed", now=now,
-                            report=found, error=error)  # fmt: skip
-        task.refresh_from_db()
-    return task
 
 
 # -- host checks (TASK-09..11) ---------------------------------------------------------------

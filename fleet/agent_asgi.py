@@ -1,10 +1,10 @@
 """The agent protocol's hot POST routes under ASGI, on a pool of threads of their own.
 
-zoomies_site/asgi.py sends `POST /api/v1/agent/` join, heartbeat, token/renew, reports and
-tasks/<id>/result here, and the task long-poll (`GET tasks`); everything else (these paths
-under any other method) stays with Django. The same views of fleet/api.py answer, called
-with an ASGIRequest (the POST views on this module's pool, the async long-poll on the event
-loop), so the statuses and JSON bodies are the views' own.
+zoomies_site/asgi.py sends `POST /api/v1/agent/` join, heartbeat, token/renew, reports,
+tasks/<id>/result and tasks/results here, and the task long-poll (`GET tasks`); everything
+else (these paths under any other method) stays with Django. The same views of fleet/api.py
+answer, called with an ASGIRequest (the POST views on this module's pool, the async
+long-poll on the event loop), so the statuses and JSON bodies are the views' own.
 
 The long-poll came here at 1,000 agents (issue 28): through Django's handler every request
 runs in a ThreadSensitiveContext, whose sync middleware steps start a thread of the
@@ -55,7 +55,14 @@ THREAD_PREFIX = "agent-api"
 # bursts (a fleet starting), and heartbeats queued behind hundreds of joins made hosts
 # look slow to answer at 1,000 agents (docs/performance.md).
 JOIN_THREAD_PREFIX = "agent-join"
-HOT_VIEWS = {api.join, api.heartbeat, api.reports, api.task_result, api.renew_token}
+HOT_VIEWS = {
+    api.join,
+    api.heartbeat,
+    api.reports,
+    api.task_result,
+    api.results,
+    api.renew_token,
+}
 # Async views, awaited on the event loop: their database calls go to their own threads.
 LONG_POLL_VIEWS = {api.tasks}
 MAX_BODY_BYTES = protocol.MAX_BODY_BYTES

@@ -30,7 +30,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from fleet import actions, logs, protocol, wakeups
+from fleet import actions, logs, protocol, task_results, wakeups
 from fleet.models import AgentTask, Host
 from fleet.runner_side import runner_side
 from fleet.selectors import host_cordoned, host_for_agent_token
@@ -214,9 +214,7 @@ def heartbeat(request: HttpRequest, data: dict, *, host: Host) -> JsonResponse:
 @agent_view()
 def task_result(request: HttpRequest, data: dict, task_id: int, *, host: Host) -> JsonResponse:
     body = protocol.TaskResult.from_json(data)
-    if task_id > protocol.INT64_MAX:  # no row has such an id; the database would overflow
-        raise actions.TaskNotFound(f"task {task_id} is not a task of this host")
-    actions.record_task_result(
+    task_results.record_task_result(
         host=host,
         task_id=task_id,
         ok=body.ok,
@@ -226,6 +224,15 @@ def task_result(request: HttpRequest, data: dict, task_id: int, *, host: Host) -
         report=body.report,
     )
     return JsonResponse(protocol.TaskResultAnswer(accepted=True).to_json())
+
+
+@agent_view()
+def results(request: HttpRequest, data: dict, *, host: Host) -> JsonResponse:
+    """`POST tasks/results`: several results in one request and one transaction (issue 28),
+    each answered as the single route would have answered it."""
+    body = protocol.TaskResultsRequest.from_json(data)
+    outcomes = task_results.record_task_results(host=host, results=body.results, now=timezone.now())
+    return JsonResponse(protocol.TaskResultsAnswer(results=tuple(outcomes)).to_json())
 
 
 @agent_view()
@@ -337,7 +344,7 @@ def _take(host_id: int, polled_at: datetime) -> tuple[list[dict], bool | None]:
             # Sealed under another key (a lost or rotated one): the agent could do
             # nothing with it, so it ends here, failing a create's runner (RUN-14).
             log.error("task %s cannot be delivered: %s", task.pk, exc)
-            actions.record_task_result(
+            task_results.record_task_result(
                 host=task.host,
                 task_id=task.pk,
                 ok=False,

@@ -13,7 +13,7 @@ import secrets
 import socket
 from collections import Counter
 from collections.abc import Collection
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -30,6 +30,7 @@ from runners import naming
 from runners.actions import (
     NewRunner,
     create_runner,
+    create_runners,
     defer_idle_drain,
     drain_runner,
     fail_runner,
@@ -45,6 +46,7 @@ from runners.poller import stand_down, under_standdown
 from runners.pool_views import read_pools
 from runners.registrations import check_online, deregister_failed, registration_target
 from runners.scheduler import (
+    CreateRunner,
     HostView,
     JobView,
     Plan,
@@ -524,40 +526,65 @@ def apply_plan(plan: Plan, now: datetime, snapshot: Snapshot | None = None) -> A
         Host.objects.filter(pk__in={w[0].host_id for w in work}).values_list("pk", "backend_limits")
     )
     # A burst scales up in one pass: mint concurrently, within a bounded number of
-    # connections, and write each runner as soon as its credential is back: one slow mint
-    # delays only itself.
-    host_ids = set()
-    pending = {_mint_threads.submit(_mint, app, *w): w for w in work}
-    for future in as_completed(pending):
-        create, pool, inst, image = pending[future]
-        try:
-            minted = future.result()
-        except RateLimited as exc:
-            until = stand_down(inst, exc, now=now, by="reconcile")
-            report.skipped.append(f"{pool.name}: rate limited by GitHub until {until:%H:%M:%S}")
-            continue
-        except Exception as exc:  # a refused mint skips this create; a later pass retries
-            report.skipped.append(f"{pool.name}: could not mint a runner credential: {exc}")
-            # Once per change, not per try (issue 21 item 5): the problems list says it.
-            if note_mint_failure(inst, error=str(exc), now=now):
-                log.warning("%s: could not mint a runner credential: %s", pool.name, exc)
-            continue
-        if note_mint_success(inst):
-            log.warning("installation %s: minting works again", inst.account)
-        try:
+    # connections, and write the runners as their credentials come back: the first at
+    # once, then whatever came back meanwhile, together in one transaction (issue 28). One
+    # slow mint delays only itself.
+    host_ids: set[int] = set()
+    order = {}
+    for index, w in enumerate(work):
+        order[_mint_threads.submit(_mint, app, *w)] = index
+    waiting = set(order)
+    while waiting:
+        done, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+        ready = []
+        for future in sorted(done, key=order.__getitem__):
+            create, pool, inst, image = work[order[future]]
+            try:
+                minted = future.result()
+            except RateLimited as exc:
+                until = stand_down(inst, exc, now=now, by="reconcile")
+                report.skipped.append(f"{pool.name}: rate limited by GitHub until {until:%H:%M:%S}")
+                continue
+            except Exception as exc:  # a refused mint skips this create; a later pass retries
+                report.skipped.append(f"{pool.name}: could not mint a runner credential: {exc}")
+                # Once per change, not per try (issue 21 item 5): the problems list says it.
+                if note_mint_failure(inst, error=str(exc), now=now):
+                    log.warning("%s: could not mint a runner credential: %s", pool.name, exc)
+                continue
+            if note_mint_success(inst):
+                log.warning("installation %s: minting works again", inst.account)
             can = (limits.get(create.host_id) or {}).get(pool.backend) or ()
-            runner = create_runner(_new_runner(minted, image, can), now=now, actor=ACTOR)
-        except Exception as exc:  # one bad row must not lose the rest of the burst
-            log.exception("%s: could not write the runner row", pool.name)
-            withdrawn = _withdraw(app, minted, now)  # outside the failed transaction
-            report.skipped.append(
-                f"{pool.name}: could not write the runner row: {exc}; {withdrawn}"
-            )
-            continue
-        host_ids.add(create.host_id)
-        report.created.append(f"{runner.name}: {create.reason}")
+            ready.append((create, minted, _new_runner(minted, image, can)))
+        for create, runner in _write_runners(app, ready, now, report):
+            host_ids.add(create.host_id)
+            report.created.append(f"{runner.name}: {create.reason}")
     _notify_hosts(host_ids)
     return report
+
+
+def _write_runners(
+    app, ready: list[tuple[CreateRunner, _Minted, NewRunner]], now: datetime, report: ApplyReport
+) -> list[tuple[CreateRunner, Runner]]:
+    """The runners whose credentials came back together, in one transaction; if that fails,
+    each on its own, so one bad row does not lose the rest of the burst (its credential is
+    withdrawn at GitHub)."""
+    if len(ready) > 1:
+        try:
+            runners = create_runners([new for _, _, new in ready], now=now, actor=ACTOR)
+            return [(c, runner) for (c, _, _), runner in zip(ready, runners, strict=True)]
+        except Exception:
+            log.warning("a group of %d runner rows failed: writing each alone", len(ready))
+    written = []
+    for create, minted, new in ready:
+        try:
+            written.append((create, create_runner(new, now=now, actor=ACTOR)))
+        except Exception as exc:  # one bad row must not lose the rest of the burst
+            log.exception("%s: could not write the runner row", new.pool.name)
+            withdrawn = _withdraw(app, minted, now)  # outside the failed transaction
+            report.skipped.append(
+                f"{new.pool.name}: could not write the runner row: {exc}; {withdrawn}"
+            )
+    return written
 
 
 def _notify_hosts(host_ids: set[int]) -> None:

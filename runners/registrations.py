@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 
 from django.db.models import Q
 
-from runners.actions.installations import note_online_check
+from runners.actions.installations import note_online_check, online_checked_recently
 from runners.actions.lifecycle import (
     note_registration_gone,
     note_registration_id,
@@ -64,28 +64,24 @@ def _target(runner: Runner, installation: Installation) -> dict[str, str] | None
 
 def check_online(now: datetime, app) -> list[str]:
     """Stamp the runners GitHub now shows online (idle if still registering); one line each."""
-    waiting = (
-        Runner.objects.filter(installation__active=True)
-        .filter(
-            Q(online_at__isnull=True, state__in=AWAITING_ONLINE)
-            & (Q(github_runner_id__isnull=False) | Q(ephemeral=False))
-            # A config.sh runner's registration id is learnt here, by its name (SCHED-15),
-            # whenever it is not known yet: it may take a job before any check sees it.
-            | Q(ephemeral=False, github_runner_id__isnull=True, state__in=LIVE_STATES)
-        )
-        .select_related("pool", "installation")
-        .order_by("pk")
+    waiting = Runner.objects.filter(installation__active=True).filter(
+        Q(online_at__isnull=True, state__in=AWAITING_ONLINE)
+        & (Q(github_runner_id__isnull=False) | Q(ephemeral=False))
+        # A config.sh runner's registration id is learnt here, by its name (SCHED-15),
+        # whenever it is not known yet: it may take a job before any check sees it.
+        | Q(ephemeral=False, github_runner_id__isnull=True, state__in=LIVE_STATES)
     )
-    by_installation: dict[int, list[Runner]] = defaultdict(list)
-    for runner in waiting:
-        by_installation[runner.installation_id].append(runner)
+    # The installations first, and the runners only of those whose check is due: a pass
+    # runs every few milliseconds in a burst, and the check is due every 15 s (issue 28).
     lines: list[str] = []
-    for runners in by_installation.values():
-        installation = runners[0].installation
-        if under_standdown(installation, now) or not note_online_check(installation, now=now):
+    for installation in Installation.objects.filter(pk__in=waiting.values("installation_id")):
+        if under_standdown(installation, now) or online_checked_recently(installation, now=now):
             continue
+        if not note_online_check(installation, now=now):
+            continue
+        runners = waiting.filter(installation=installation).select_related("pool", "installation")
         by_target: dict[tuple, list[Runner]] = defaultdict(list)
-        for runner in runners:
+        for runner in runners.order_by("pk"):
             target = _target(runner, installation)
             if target is not None:
                 by_target[tuple(sorted(target.items()))].append(runner)

@@ -29,6 +29,7 @@ from fleet.agent.host import UsageSampler, work_dir_space
 from fleet.agent.logs import LogRelay
 from fleet.agent.memory_guard import MemoryGuard
 from fleet.agent.reconcile import ReconcileLoop
+from fleet.agent.results import ResultPoster
 from fleet.agent.state import AgentState, JoinTokenSpent, StateError, StateStore
 from fleet.agent.tasks import MAX_BACKOFF, TaskLoop
 from fleet.agent.tracking import Clock, TrackedRunner, Wait
@@ -119,6 +120,7 @@ class Agent(TaskLoop, ReconcileLoop):
         self._wake_reconcile = threading.Event()
         self._shut_down = False
         self._log_relay = LogRelay(self.client)  # LOG-02
+        self._results = ResultPoster()  # a burst's results posted in groups (issue 28)
         self._memory = MemoryGuard(self.backends, clock=clock)  # HOST-24..32
         self._token_renew_at: float | None = None  # ESC-06, on self._clock
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -131,6 +132,19 @@ class ControllerClient:
             raise
         return self._read(protocol.TaskResultAnswer.from_json, data, "result").accepted
 
+    def post_results(
+        self, results: Sequence[protocol.TaskResultItem]
+    ) -> list[protocol.TaskResultOutcome]:
+        """Several results in one request (`POST tasks/results`): one outcome per result, in
+        order. A controller without the route answers 404 or 405 (ControllerError); an
+        answer that does not account for every result is a ControllerError too."""
+        body = protocol.TaskResultsRequest(results=tuple(_capped(r) for r in results))
+        data = self._call("POST", "/tasks/results", json=body.to_json())
+        answer = self._read(protocol.TaskResultsAnswer.from_json, data, "results")
+        if [o.id for o in answer.results] != [r.id for r in results]:
+            raise ControllerError("the results answer does not match the results sent")
+        return list(answer.results)
+
     def post_reports(
         self, reports: Sequence[protocol.RunnerReport | Mapping[str, Any]]
     ) -> protocol.ReportsAnswer:
@@ -215,6 +229,15 @@ class ControllerClient:
             return protocol.loads(response.content)
         except protocol.ProtocolError as exc:
             raise ControllerError(f"{method} {url} answered with no JSON object: {exc}") from exc
+
+
+def _capped(item: protocol.TaskResultItem) -> protocol.TaskResultItem:
+    """The error cut to the protocol's bound, as `post_result` cuts it."""
+    error = item.result.error
+    if error is None or len(error) <= protocol.MAX_MESSAGE:
+        return item
+    cut = error[: protocol.MAX_MESSAGE - 1] + "…"
+    return protocol.TaskResultItem(item.id, dataclasses.replace(item.result, error=cut))
 
 
 def tls_context(ca_file: str | None) -> ssl.SSLContext:

@@ -22,6 +22,7 @@ from fleet.agent.backends.base import (
 from fleet.agent.client import ControllerError, Task, Unauthorized
 from fleet.agent.host import work_dir_space
 from fleet.agent.logs import LOG_TASK_KINDS, LogRelay, handle_log_task
+from fleet.agent.results import ResultPoster
 from fleet.agent.tracking import AgentParts, TrackedRunner, Wait, end_report, report
 
 log = logging.getLogger("fleet.agent")
@@ -45,6 +46,7 @@ class TaskLoop(AgentParts):
     """Long-polls for tasks (`poll_once`, `poll_loop`) and runs each on its own thread."""
 
     _log_relay: LogRelay
+    _results: ResultPoster
 
     def poll_once(self, wait: float | None = None, *, block: bool = True) -> list[Task]:
         """Take the tasks waiting for this host and start each on a thread of its own.
@@ -403,8 +405,8 @@ class TaskLoop(AgentParts):
         delay, waited = 1.0, 0.0
         while True:
             try:
-                accepted = self.client.post_result(
-                    task.id, ok=ok, error=error, attempt=task.attempt, report=report
+                accepted = self._results.post(
+                    self.client, task.id, ok=ok, error=error, attempt=task.attempt, report=report
                 )
             except Unauthorized as exc:
                 self._fatal(exc)

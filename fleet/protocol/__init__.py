@@ -88,6 +88,7 @@ from fleet.protocol.reports import (
     read_reports,
 )
 from fleet.protocol.tasks import (
+    MAX_RESULTS,
     CreateRunnerPayload,
     ImagePrewarmPayload,
     RemoveRunnerPayload,
@@ -96,6 +97,10 @@ from fleet.protocol.tasks import (
     TaskList,
     TaskResult,
     TaskResultAnswer,
+    TaskResultItem,
+    TaskResultOutcome,
+    TaskResultsAnswer,
+    TaskResultsRequest,
     parse_wait,
 )
 
@@ -132,6 +137,7 @@ __all__ = [
     "MAX_NESTING",
     "MAX_OUTPUT_TAIL",
     "MAX_REPORTS",
+    "MAX_RESULTS",
     "MAX_RUNNER_ENTRIES",
     "MAX_SECONDS",
     "MAX_USAGE_KEYS",
@@ -153,6 +159,10 @@ __all__ = [
     "TaskList",
     "TaskResult",
     "TaskResultAnswer",
+    "TaskResultItem",
+    "TaskResultOutcome",
+    "TaskResultsAnswer",
+    "TaskResultsRequest",
     "TokenAnswer",
     "VERSION",
     "clean_text",

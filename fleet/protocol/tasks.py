@@ -274,8 +274,8 @@ class TaskResult:
     report: Mapping[str, Any] | None = None
 
     @classmethod
-    def from_json(cls, data: Any) -> TaskResult:
-        obj = JsonObject(data)
+    def from_json(cls, data: Any, path: str = "$") -> TaskResult:
+        obj = JsonObject(data, path)
         ok = obj.boolean("ok", required=True)
         assert ok is not None  # noqa: S101  # narrows the type; the code above guarantees it
         return cls(
@@ -323,3 +323,97 @@ class TaskResultAnswer:
 
     def to_json(self) -> dict[str, Any]:
         return {"accepted": self.accepted}
+
+
+# At most this many results in one `POST tasks/results`: ten polls' worth of tasks.
+MAX_RESULTS = 100
+
+
+@dataclass(frozen=True)
+class TaskResultItem:
+    """One task's result among several: `TaskResult` with the task's id."""
+
+    id: int
+    result: TaskResult
+
+    @classmethod
+    def from_json(cls, data: Any, path: str) -> TaskResultItem:
+        task_id = JsonObject(data, path).integer("id", required=True, minimum=1)
+        assert task_id is not None  # noqa: S101  # narrows the type; required above
+        return cls(id=task_id, result=TaskResult.from_json(data, path))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, **self.result.to_json()}
+
+
+@dataclass(frozen=True)
+class TaskResultsRequest:
+    """`POST tasks/results`: the results an agent has ready, recorded together (issue 28):
+    one request and one transaction for a poll's worth of creates, not one each."""
+
+    results: tuple[TaskResultItem, ...]
+
+    @classmethod
+    def from_json(cls, data: Any) -> TaskResultsRequest:
+        obj = JsonObject(data)
+        items = obj.array("results", required=True, max_items=MAX_RESULTS) or []
+        if not items:
+            raise ProtocolError(obj.at("results"), "must hold at least one result")
+        path = obj.at("results")
+        return cls(
+            results=tuple(
+                TaskResultItem.from_json(r, join_path(path, i)) for i, r in enumerate(items)
+            )
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"results": [r.to_json() for r in self.results]}
+
+
+@dataclass(frozen=True)
+class TaskResultOutcome:
+    """What became of one result: accepted, or the status the single route would have
+    answered (404: not this host's task, TASK-14; 409: no longer in flight) and why."""
+
+    id: int
+    accepted: bool
+    status: int | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Any, path: str) -> TaskResultOutcome:
+        obj = JsonObject(data, path)
+        task_id = obj.integer("id", required=True, minimum=1)
+        accepted = obj.boolean("accepted", required=True)
+        assert task_id is not None and accepted is not None  # noqa: S101  # required above
+        return cls(
+            id=task_id,
+            accepted=accepted,
+            status=obj.integer("status", minimum=100, maximum=599),
+            error=obj.string("error", max_length=MAX_MESSAGE),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "accepted": self.accepted,
+                **present(status=self.status, error=self.error)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TaskResultsAnswer:
+    """One outcome per result, in the request's order."""
+
+    results: tuple[TaskResultOutcome, ...]
+
+    @classmethod
+    def from_json(cls, data: Any) -> TaskResultsAnswer:
+        obj = JsonObject(data)
+        items = obj.array("results", required=True, max_items=MAX_RESULTS) or []
+        path = obj.at("results")
+        return cls(
+            results=tuple(
+                TaskResultOutcome.from_json(r, join_path(path, i)) for i, r in enumerate(items)
+            )
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"results": [r.to_json() for r in self.results]}

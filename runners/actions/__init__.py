@@ -17,6 +17,7 @@ from runners.actions.jobs import (
 from runners.actions.lifecycle import (
     NewRunner,
     create_runner,
+    create_runners,
     defer_idle_drain,
     drain_runner,
     expire_failed_runners,
@@ -36,6 +37,7 @@ __all__ = [
     "apply_job_update",
     "clear_standdown",
     "create_runner",
+    "create_runners",
     "defer_idle_drain",
     "drain_runner",
     "expire_failed_runners",

@@ -235,6 +235,13 @@ def note_mint_success(installation: Installation) -> bool:
 ONLINE_CHECK_EVERY = timedelta(seconds=15)
 
 
+def online_checked_recently(installation: Installation, *, now: datetime) -> bool:
+    """The row as read says an online check ran within ONLINE_CHECK_EVERY: no claim is
+    tried (each claim is a write, and a burst runs a pass every few milliseconds)."""
+    checked = installation.online_checked_at
+    return checked is not None and now - ONLINE_CHECK_EVERY < checked <= now
+
+
 def note_online_check(installation: Installation, *, now: datetime) -> bool:
     """Claim this installation's online check unless one ran within ONLINE_CHECK_EVERY;
     True when the caller should list its registrations now."""

@@ -69,59 +69,70 @@ def given_by(pool_figure: float | None, figure: float | None) -> str:
 
 def create_runner(new: NewRunner, *, now: datetime, actor: str) -> Runner:
     """The provisioning row and its create task, in one transaction (SCHED-16)."""
+    return create_runners([new], now=now, actor=actor)[0]
+
+
+def create_runners(news: list[NewRunner], *, now: datetime, actor: str) -> list[Runner]:
+    """Several runners, each its row and its create task (SCHED-16), in one transaction: a
+    burst's mints come back together, and a transaction each was a wait for SQLite's write
+    lock each, ahead of the agent's takes (issue 28). All of them or none."""
+    with transaction.atomic(durable=True):
+        return [_write_runner(new, now=now, actor=actor) for new in news]
+
+
+def _write_runner(new: NewRunner, *, now: datetime, actor: str) -> Runner:
     pool = new.pool
     # BACK-09: a figure the pool typed is the pool's; any other is the host's slot share.
     cpus_from = given_by(pool.cpus, new.cpus)
     memory_from = given_by(pool.memory_mb, new.memory_mb)
-    with transaction.atomic(durable=True):
-        if pool.repository and new.installation is not None:
-            note_registered_repository(new.installation.pk, pool.repository)
-        runner = Runner.objects.create(
-            name=new.name,
-            pool=pool,
-            host_id=new.host_id,
-            installation=new.installation,
-            state=RunnerState.PROVISIONING,
-            created_at=now,
-            state_changed_at=now,
-            github_runner_id=new.github_runner_id,
+    if pool.repository and new.installation is not None:
+        note_registered_repository(new.installation.pk, pool.repository)
+    runner = Runner.objects.create(
+        name=new.name,
+        pool=pool,
+        host_id=new.host_id,
+        installation=new.installation,
+        state=RunnerState.PROVISIONING,
+        created_at=now,
+        state_changed_at=now,
+        github_runner_id=new.github_runner_id,
+        image=new.image,
+        cpus=new.cpus,
+        memory_mb=new.memory_mb,
+        cpus_from=cpus_from,
+        memory_from=memory_from,
+        ephemeral=pool.ephemeral,
+        message=new.reason,
+    )
+    enqueue_task(
+        host_id=new.host_id,
+        runner_id=runner.pk,
+        kind=TaskKind.CREATE_RUNNER,
+        payload=protocol.CreateRunnerPayload(
+            runner_id=runner.pk,
+            runner_name=runner.name,
+            pool=pool.name,
+            backend=pool.backend,
             image=new.image,
+            command=None if new.command is None else tuple(new.command),
+            env=new.env,
             cpus=new.cpus,
             memory_mb=new.memory_mb,
-            cpus_from=cpus_from,
-            memory_from=memory_from,
+            cpus_from=cpus_from or None,
+            memory_from=memory_from or None,
+            dind=pool.dind,
             ephemeral=pool.ephemeral,
-            message=new.reason,
-        )
-        enqueue_task(
-            host_id=new.host_id,
-            runner_id=runner.pk,
-            kind=TaskKind.CREATE_RUNNER,
-            payload=protocol.CreateRunnerPayload(
-                runner_id=runner.pk,
-                runner_name=runner.name,
-                pool=pool.name,
-                backend=pool.backend,
-                image=new.image,
-                command=None if new.command is None else tuple(new.command),
-                env=new.env,
-                cpus=new.cpus,
-                memory_mb=new.memory_mb,
-                cpus_from=cpus_from or None,
-                memory_from=memory_from or None,
-                dind=pool.dind,
-                ephemeral=pool.ephemeral,
-            ).to_json(),
-            now=now,
-        )
-        audit.record(
-            actor=actor,
-            action="runner.provisioning",
-            target=runner,
-            detail={"reason": new.reason, "placement": new.placement},
-            at=now,
-        )
-        emit("runner.created", runner, at=now)
+        ).to_json(),
+        now=now,
+    )
+    audit.record(
+        actor=actor,
+        action="runner.provisioning",
+        target=runner,
+        detail={"reason": new.reason, "placement": new.placement},
+        at=now,
+    )
+    emit("runner.created", runner, at=now)
     return runner
 
 

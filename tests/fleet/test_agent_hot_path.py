@@ -20,7 +20,7 @@ from django.db import OperationalError, connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from fleet import actions, agent_asgi
+from fleet import actions, agent_asgi, task_results
 from fleet.health import check_host_health
 from fleet.models import Host
 from runners import host_facts
@@ -76,16 +76,16 @@ def call(path: str, body: dict | None = None, *, token: str | None = None, metho
     return start["status"], dict(start["headers"]), json.loads(answer) if answer else None
 
 
-def threads_of(monkeypatch, name: str) -> list[str]:
-    """Record the name of the thread each call of actions.<name> runs on."""
+def threads_of(monkeypatch, name: str, module=actions) -> list[str]:
+    """Record the name of the thread each call of <module>.<name> runs on."""
     seen: list[str] = []
-    real = getattr(actions, name)
+    real = getattr(module, name)
 
     def recording(*args, **kwargs):
         seen.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(actions, name, recording)
+    monkeypatch.setattr(module, name, recording)
     return seen
 
 
@@ -93,7 +93,7 @@ def test_the_hot_agent_routes_are_routed_to_the_agent_pool_and_nothing_else():
     def scope(method: str, path: str) -> dict:
         return {"type": "http", "method": method, "path": path, "root_path": ""}
 
-    for path in ("join", "heartbeat", "reports", "tasks/7/result"):
+    for path in ("join", "heartbeat", "reports", "tasks/7/result", "tasks/results"):
         assert agent_asgi.handles(scope("POST", "/api/v1/agent/" + path)), path
         assert not agent_asgi.handles(scope("GET", "/api/v1/agent/" + path)), path
     # The long-poll, on the event loop without Django's handler; the rest is Django's.
@@ -131,7 +131,7 @@ def test_join_and_heartbeat_run_on_the_agent_pool_threads(monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 def test_reports_and_task_results_run_on_the_agent_pool_threads(monkeypatch):
-    results = threads_of(monkeypatch, "record_task_result")
+    results = threads_of(monkeypatch, "record_task_result", task_results)
     reported: list[str] = []
 
     real = host_facts.apply_reports

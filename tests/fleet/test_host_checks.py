@@ -8,9 +8,10 @@ from datetime import timedelta
 import pytest
 from rest_framework.test import APIClient
 
-from fleet.actions import record_task_result, request_host_check
+from fleet.actions import request_host_check
 from fleet.host_checks import HostCheckRefused
 from fleet.models import Host
+from fleet.task_results import record_task_result
 from fleet.taskqueue import sweep_tasks, take_tasks
 from tests.accounts.conftest import make_user, mint
 from tests.fleet.conftest import T0, join, later

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from fleet import actions, protocol
+from fleet import actions, protocol, task_results
 from fleet.agent.agent import Agent
 from fleet.agent.backends.process import ProcessBackend
 from fleet.agent.client import ControllerClient
@@ -159,7 +159,7 @@ def test_run15_the_answer_names_live_runners_without_an_open_create_and_their_ag
     answered = make_runner(host)
     task = task_for(host, answered, "create_runner")
     take_tasks(host, later(1))
-    actions.record_task_result(
+    task_results.record_task_result(
         host=host, task_id=task.pk, ok=True, error=None, attempt=1, now=later(10)
     )
     busy = make_runner(host, "busy")
@@ -222,7 +222,7 @@ def test_run14_a_provisioning_runner_whose_workload_is_absent_fails_at_once_over
     runner = make_runner(host, now=timezone.now())
     task = task_for(host, runner, "create_runner", now=timezone.now())
     take_tasks(host, timezone.now())
-    actions.record_task_result(
+    task_results.record_task_result(
         host=host, task_id=task.pk, ok=True, error=None, attempt=1, now=timezone.now()
     )
     clock = FakeClock()

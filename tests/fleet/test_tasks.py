@@ -19,8 +19,9 @@ from django.test import AsyncRequestFactory
 
 from accounts.models import AuditLog
 from fleet import api, taskqueue, wakeups
-from fleet.actions import record_heartbeat, record_task_result, set_host_cordon
+from fleet.actions import record_heartbeat, set_host_cordon
 from fleet.models import AgentTask
+from fleet.task_results import record_task_result
 from fleet.taskqueue import enqueue_task, sweep_tasks, take_tasks
 from runners.actions import apply_agent_reports, drain_runner, fail_runner, reissue_owed_removes
 from runners.actions import apply_agent_reports as apply_reports

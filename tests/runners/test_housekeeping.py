@@ -8,8 +8,9 @@ from datetime import timedelta
 
 import pytest
 
-from fleet.actions import record_heartbeat, record_task_result
+from fleet.actions import record_heartbeat
 from fleet.models import AgentTask
+from fleet.task_results import record_task_result
 from fleet.taskqueue import take_tasks
 from runners.actions import apply_agent_reports as apply_reports
 from runners.actions import fail_runner

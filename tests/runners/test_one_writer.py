@@ -32,7 +32,8 @@ OWNERS: dict[tuple[str, str], set[str]] = {
         "runners/transitions.py::transition_runner",
         # Issue 21 item 20: the one guarded edge off the allow-list (failed -> busy).
         "runners/transitions.py::revive_runner",
-        "runners/actions/lifecycle.py::create_runner",
+        # The birth of a runner row (create_runner and create_runners, one or a burst's group).
+        "runners/actions/lifecycle.py::_write_runner",
         # Issue 28: runners a burst of webhooks moves, read and locked by their caller.
         "runners/transitions.py::transition_read_runners",
     },

@@ -19,7 +19,7 @@ from django_q.monitor import save_task
 from fleet.models import AgentTask, Host
 from fleet.taskqueue import wire_payload
 from runners import reconcile, wake
-from runners.actions import apply_agent_reports, drain_runner
+from runners.actions import apply_agent_reports, drain_runner, lifecycle
 from runners.github import config as github_config
 from runners.github.fake import FakeGitHub
 from runners.github.fake.runner import FakeRunner, decode_jit_config
@@ -131,6 +131,75 @@ def test_sched16_a_credential_whose_runner_row_cannot_be_written_is_deregistered
     (skipped,) = report.skipped
     assert "could not write the runner row: database is locked" in skipped
     assert "its registration was deleted at GitHub" in skipped
+
+
+def mints_come_back_together(monkeypatch) -> list[int]:
+    """Every mint of a pass comes back before the first is written (as a burst's do while
+    a write holds the lock): the sizes of the groups the pass writes are recorded."""
+    real_wait, real_group = reconcile.wait, reconcile.create_runners
+    groups: list[int] = []
+
+    def all_at_once(futures, return_when):
+        return real_wait(futures, return_when="ALL_COMPLETED")
+
+    def recording(news, **kwargs):
+        groups.append(len(news))
+        return real_group(news, **kwargs)
+
+    monkeypatch.setattr(reconcile, "wait", all_at_once)
+    monkeypatch.setattr(reconcile, "create_runners", recording)
+    return groups
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sched16_runners_whose_credentials_come_back_together_are_written_together(
+    fake_gh, fleet_rows, monkeypatch
+):
+    """Issue 28: one transaction for the runners a burst's mints brought back at once, each
+    still its row and its create task (SCHED-16)."""
+    installation, _pool, host = fleet_rows
+    Host.objects.filter(pk=host.pk).update(capacity=4)
+    queue_jobs(installation, 4)
+    groups = mints_come_back_together(monkeypatch)
+    report = reconcile.reconcile_once(T0)
+    assert groups == [4] and len(report.created) == 4
+    runners = list(Runner.objects.order_by("pk"))
+    assert [AgentTask.objects.get(runner=r).kind for r in runners] == ["create_runner"] * 4
+    assert {r["name"] for r in fake_gh.runners(installation.github_id)} == {r.name for r in runners}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sched16_a_bad_row_in_a_group_loses_only_itself(fake_gh, fleet_rows, monkeypatch):
+    """The group's transaction fails with its bad row; the others are written each alone,
+    and only the bad one's credential is withdrawn at GitHub."""
+    installation, _pool, host = fleet_rows
+    Host.objects.filter(pk=host.pk).update(capacity=4)
+    queue_jobs(installation, 4)
+    groups = mints_come_back_together(monkeypatch)
+    real_write = lifecycle._write_runner
+    names: list[str] = []  # in the order the pass made them
+    real_new_runner = reconcile._new_runner
+
+    def naming(*args, **kwargs):
+        made = real_new_runner(*args, **kwargs)
+        names.append(made.name)
+        return made
+
+    def second_is_bad(new, **kwargs):
+        if new.name == names[1]:
+            raise OperationalError("database is locked")
+        return real_write(new, **kwargs)
+
+    monkeypatch.setattr(reconcile, "_new_runner", naming)
+    monkeypatch.setattr(lifecycle, "_write_runner", second_is_bad)
+    report = reconcile.reconcile_once(T0)
+    assert groups == [4]
+    written = set(Runner.objects.values_list("name", flat=True))
+    assert written == {names[0], names[2], names[3]}
+    assert AgentTask.objects.filter(kind="create_runner").count() == 3
+    (skipped,) = report.skipped
+    assert "could not write the runner row: database is locked" in skipped
+    assert {r["name"] for r in fake_gh.runners(installation.github_id)} == written
 
 
 @pytest.mark.django_db(transaction=True)
@@ -653,6 +722,34 @@ def test_issue29_item1_a_registering_runner_is_idle_once_github_shows_it_online(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_issue29_item1_between_online_checks_a_pass_reads_one_row_and_writes_nothing(
+    fake_gh, fleet_rows
+):
+    """Issue 28: a burst runs a pass every few milliseconds, and the check is due every 15 s.
+    Between checks a pass neither claims the check (a write, and SQLite's write lock) nor
+    loads the runners waiting for it."""
+    from django.db import connection  # noqa: PLC0415
+    from django.test.utils import CaptureQueriesContext  # noqa: PLC0415
+
+    from runners.registrations import check_online  # noqa: PLC0415
+
+    installation, _pool, host = fleet_rows
+    queue_jobs(installation, 2)
+    _pass(T0)
+    for runner in Runner.objects.all():
+        _agent_says(host, runner, T0 + timedelta(seconds=1), state="registering")
+    app = github_config.get_app()
+    check_online(T0 + timedelta(seconds=2), app)  # claims the check: lists once
+    with CaptureQueriesContext(connection) as captured:
+        assert check_online(T0 + timedelta(seconds=10), app) == []
+    sql = [q["sql"] for q in captured.captured_queries]
+    assert len(sql) == 1 and sql[0].lstrip().upper().startswith("SELECT"), sql
+    with CaptureQueriesContext(connection) as captured:
+        check_online(T0 + timedelta(seconds=18), app)  # due again: claimed and listed
+    assert any(q["sql"].lstrip().upper().startswith("UPDATE") for q in captured.captured_queries)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_issue21_item5_a_pool_whose_runners_cannot_start_is_a_problem_with_cause_count_and_since(
     fake_gh, fleet_rows
 ):
@@ -660,7 +757,7 @@ def test_issue21_item5_a_pool_whose_runners_cannot_start_is_a_problem_with_cause
     start ("cannot run '/opt/actions-runner/run.sh'") stayed silent, active, with an empty
     problems list. Within a minute the list names the pool, the count, since when and the
     cause; each failed runner's registration is deleted at GitHub at once."""
-    from fleet.actions import record_task_result  # noqa: PLC0415
+    from fleet.task_results import record_task_result  # noqa: PLC0415
     from fleet.taskqueue import take_tasks  # noqa: PLC0415
     from runners.problems import runners_problems  # noqa: PLC0415
 

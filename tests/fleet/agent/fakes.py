@@ -62,6 +62,9 @@ class FakeController:
     refused_runner_ids: set[int] = field(default_factory=set)
     reports_status: int = 200  # set to 503 to make the controller drop reports
     results_refused: int = 0  # the next this many result posts are answered 503 (busy)
+    grouped_results: bool = True  # False: no `POST tasks/results`, as an older controller
+    # Set: each `POST tasks/results` waits for it before answering (a slow controller).
+    results_gate: threading.Event | None = None
     calls: list[Call] = field(default_factory=list)
     tasks: dict[int, FakeTask] = field(default_factory=dict)
     results: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
@@ -190,20 +193,28 @@ class FakeController:
                 cordoned=self.cordoned if taken else None,
             )
             return 200, wire.to_json()
+        if (method, path) == ("POST", "/api/v1/agent/tasks/results") and self.grouped_results:
+            batch = protocol.TaskResultsRequest.from_json(body)
+            if self.results_gate is not None:
+                self.results_gate.wait(timeout=30)
+            with self.cond:
+                if self.results_refused > 0:  # the whole batch, as the controller's 503 is
+                    self.results_refused -= 1
+                    return 503, {"error": "The database is unavailable; try again."}
+                outcomes = tuple(self._close(item.id, item.result) for item in batch.results)
+            return 200, protocol.TaskResultsAnswer(results=outcomes).to_json()
         if method == "POST" and path.startswith("/api/v1/agent/tasks/"):
+            if not path.endswith("/result") or not path.split("/")[-2].isdigit():
+                return 404, {"error": f"No route for {method} {path}."}
             task_id = int(path.split("/")[-2])
             result = protocol.TaskResult.from_json(body)
             with self.cond:
                 if self.results_refused > 0:
                     self.results_refused -= 1
                     return 503, {"error": "The database is unavailable; try again."}
-                task = self.tasks.get(task_id)
-                if task is None:
-                    return 404, {"error": "No such task for this host."}
-                if task.state != "in_flight":
-                    return 409, {"error": "That task is no longer in flight."}
-                task.state = "done"
-                self.results.append((task_id, result.to_json()))
+                outcome = self._close(task_id, result)
+            if not outcome.accepted:
+                return outcome.status or 409, {"error": outcome.error}
             return 200, protocol.TaskResultAnswer(accepted=True).to_json()
         if (method, path) == ("POST", "/api/v1/agent/inventory"):
             # Read and answered only: the real controller's settling of the tasks in flight
@@ -223,6 +234,19 @@ class FakeController:
             accepted = tuple(sorted({i for i in ids if i not in self.refused_runner_ids}))
             return 200, protocol.ReportsAnswer(accepted=accepted, refused=refused).to_json()
         return 404, {"error": f"No route for {method} {path}."}
+
+    def _close(self, task_id: int, result: protocol.TaskResult) -> protocol.TaskResultOutcome:
+        """One result, as the controller records it (called holding `cond`)."""
+        task = self.tasks.get(task_id)
+        if task is None:
+            return protocol.TaskResultOutcome(task_id, False, 404, "No such task for this host.")
+        if task.state != "in_flight":
+            return protocol.TaskResultOutcome(
+                task_id, False, 409, "That task is no longer in flight."
+            )
+        task.state = "done"
+        self.results.append((task_id, result.to_json()))
+        return protocol.TaskResultOutcome(task_id, True)
 
     def close(self) -> None:
         with self.cond:
