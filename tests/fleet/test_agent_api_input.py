@@ -127,7 +127,7 @@ def test_every_agent_route_answers_a_wrong_method_with_the_protocols_json_405(ht
     assert answer.status_code == 405, answer.content[:200]
     assert answer["Content-Type"] == "application/json"
     assert answer["Allow"] == "GET" and "error" in answer.json()
-    for path in ("join", "heartbeat", "reports", "tasks/1/result"):
+    for path in ("join", "heartbeat", "reports", "tasks/1/result", "tasks/results"):
         answer = strict.get(API + path)
         assert answer.status_code == 405 and answer["Allow"] == "POST"
         assert "error" in answer.json()
@@ -170,7 +170,7 @@ def test_host01_agent16_agent17_agent19_the_answers_carry_the_controllers_timing
 KEYS = [
     "join_token", "claim_code", "name", "capacity", "backends", "platform", "cpus",
     "memory_mb", "labels", "version", "disk_total_mb", "disk_free_mb", "usage", "ok", "error",
-    "attempt", "reports", "runner_id", "state", "phase", "exit_code", "message",
+    "attempt", "reports", "runner_id", "state", "phase", "exit_code", "message", "results", "id",
 ]  # fmt: skip
 scalars = st.one_of(
     st.none(),
@@ -194,15 +194,19 @@ reports = st.fixed_dictionaries(
     {"runner_id": values},
     optional={"state": values, "phase": values, "exit_code": values, "message": values},
 )
+results = st.fixed_dictionaries(
+    {"id": values}, optional={"ok": values, "error": values, "attempt": values}
+)
 bodies = st.one_of(
     values.map(lambda v: json.dumps(v).encode()),  # NaN and Infinity included
     st.dictionaries(st.sampled_from(KEYS), values, max_size=8).map(lambda v: json.dumps(v)),
     st.lists(reports, max_size=3).map(lambda r: json.dumps({"reports": r})),
+    st.lists(results, max_size=3).map(lambda r: json.dumps({"results": r})),
     st.integers(min_value=1, max_value=3000).map(lambda n: "[" * n + "]" * n),
     st.binary(max_size=40),
 )
 paths = st.one_of(
-    st.sampled_from(["join", "heartbeat", "reports", "tasks"]),
+    st.sampled_from(["join", "heartbeat", "reports", "tasks", "tasks/results"]),
     st.integers(min_value=0, max_value=2**80).map(lambda n: f"tasks/{n}/result"),
 )
 waits = st.one_of(st.none(), st.text(string.printable, max_size=6), st.sampled_from(["nan", "-1"]))
