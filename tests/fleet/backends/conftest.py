@@ -192,6 +192,28 @@ def _import_image(engine: Engine, image: tuple[Path, str, list[str]]) -> None:
     engine.image = tag
 
 
+def _kill_left_under(root: Path) -> list[int]:
+    """Kill whatever the stopped engine left running that names its root on its command line:
+    Podman's conmon monitors of exec sessions (the dind probe's `docker info`) outlived
+    `podman system service` by about five minutes, after the run had ended and its root was
+    gone. The run's leftover check (tests/leftovers.py) cannot see them, as Podman gives
+    conmon an environment of its own. Answers the pids killed."""
+    mark = (str(root).rstrip("/") + "/").encode()
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # ended meanwhile
+        if mark in argv:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    return killed
+
+
 def _unmount_under(root: Path) -> None:
     """Lazily unmount whatever the engine left mounted under `root` (dockerd's netns file,
     Podman's overlay), deepest first, so the directory can be deleted."""
@@ -241,6 +263,7 @@ def docker_engine(runner_image_tar: tuple[Path, str, list[str]]) -> Iterator[Eng
         yield engine
     finally:
         _stop(engine)
+        _kill_left_under(root)
         _unmount_under(root)
         shutil.rmtree(root, ignore_errors=True)
 
@@ -279,6 +302,7 @@ def podman_engine(runner_image_tar: tuple[Path, str, list[str]]) -> Iterator[Eng
         yield engine
     finally:
         _stop(engine)
+        _kill_left_under(root)
         _unmount_under(root)
         shutil.rmtree(root, ignore_errors=True)
 
