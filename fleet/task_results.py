@@ -40,7 +40,8 @@ def record_task_result(
     again by housekeeping until the host confirms one (TASK-08).
     """
     with transaction.atomic(durable=True):
-        task = _close_task(host, task_id, ok, error, attempt, now, actor, report)
+        answer = protocol.TaskResult(ok=ok, error=error, attempt=attempt, report=report)
+        task = _close_task(host, task_id, answer, now=now, actor=actor)
         task.refresh_from_db()
     return task
 
@@ -55,10 +56,9 @@ def record_task_results(
     outcomes = []
     with transaction.atomic(durable=True):
         for item in results:
-            r = item.result
             try:
                 with transaction.atomic():
-                    _close_task(host, item.id, r.ok, r.error, r.attempt, now, None, r.report)
+                    _close_task(host, item.id, item.result, now=now, actor=None)
             except (TaskNotFound, TaskNotInFlight) as exc:
                 outcomes.append(protocol.TaskResultOutcome(item.id, False, exc.status, str(exc)))
             else:
@@ -67,18 +67,12 @@ def record_task_results(
 
 
 def _close_task(
-    host: Host,
-    task_id: int,
-    ok: bool,
-    error: str | None,
-    attempt: int | None,
-    now: datetime,
-    actor: str | None,
-    report: Mapping[str, Any] | None,
+    host: Host, task_id: int, answer: protocol.TaskResult, *, now: datetime, actor: str | None
 ) -> AgentTask:
     """`record_task_result`'s work, inside the caller's transaction."""
     actor = actor or host.actor
-    error = (error or "").strip()
+    ok, attempt, report = answer.ok, answer.attempt, answer.report
+    error = (answer.error or "").strip()
     if task_id > protocol.INT64_MAX:  # no row has such an id; the database would overflow
         raise TaskNotFound(f"task {task_id} is not a task of this host")
     task = AgentTask.objects.filter(pk=task_id, host=host).select_related("runner").first()
