@@ -110,6 +110,7 @@ class Agent(TaskLoop, ReconcileLoop):
         self._lock = threading.RLock()
         self._tracked: dict[int, TrackedRunner] = {}
         self._first_seen: dict[tuple[str, int], float] = {}  # orphans, by (backend, runner)
+        self._orphans_listed_at: float | None = None  # the last listing for orphans
         self._waiting_creates: set[int] = set()
         self._superseded: set[int] = set()
         self._inflight: set[threading.Thread] = set()
@@ -120,7 +121,7 @@ class Agent(TaskLoop, ReconcileLoop):
         self._wake_reconcile = threading.Event()
         self._shut_down = False
         self._log_relay = LogRelay(self.client)  # LOG-02
-        self._results = ResultPoster()  # a burst's results posted in groups (issue 28)
+        self._results = ResultPoster(clock)  # a burst's results posted in groups (issue 28)
         self._memory = MemoryGuard(self.backends, clock=clock)  # HOST-24..32
         self._token_renew_at: float | None = None  # ESC-06, on self._clock
 

@@ -17,6 +17,10 @@ from fleet.agent.tracking import AgentParts, Clock, TrackedRunner, Wait, end_rep
 log = logging.getLogger("fleet.agent")
 
 RECONCILE_INTERVAL = 2.0
+# The backends' listing for orphans is at most this often, unless a stray comes due sooner:
+# a burst wakes the pass for every create, and each listing walks every workload (or asks
+# the engine for all its containers), which was O(runners) a pass for nothing new.
+ORPHAN_LISTING_EVERY = RECONCILE_INTERVAL
 
 
 class ReconcileLoop(AgentParts):
@@ -134,6 +138,17 @@ class ReconcileLoop(AgentParts):
     def _reap_orphans(self, now: float) -> None:
         """AGENT-16: a workload nobody tracks goes 2 min after first seen, and only once a
         task poll has completed, so a controller that is down never looks like "nobody"."""
+        with self._lock:
+            last = self._orphans_listed_at
+            grace = self.tunables.orphan_grace
+            due_soonest = min(self._first_seen.values(), default=None)
+        if (
+            last is not None
+            and 0 <= now - last < ORPHAN_LISTING_EVERY
+            and (due_soonest is None or now - due_soonest < grace)
+        ):
+            return
+        self._orphans_listed_at = now
         listed: set[tuple[str, int]] = set()
         for name, backend in self.backends.items():
             try:

@@ -12,14 +12,16 @@ not held back); results that arrive meanwhile wait, and the first of them posts 
 group when the answer comes. So a group is one round trip's worth of results.
 
 A controller without the route (older than the agent: 404 or 405) gets one request a
-result from then on, as before.
+result, as before, and is asked again for the route every REGROUP_AFTER seconds: an
+agent outlives the controller it first met, and an upgrade must not wait for its restart.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,8 @@ log = logging.getLogger("fleet.agent")
 MAX_GROUP = protocol.MAX_RESULTS
 # What a controller without `POST tasks/results` answers it.
 NO_ROUTE = (404, 405)
+# How long one request a result is kept before the group route is tried again.
+REGROUP_AFTER = 600.0
 
 
 @dataclass(eq=False)
@@ -51,11 +55,19 @@ class ResultPoster:
     after its own wait.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._lock = threading.Lock()
         self._queue: list[_Waiting] = []
         self._posting = False  # a thread is posting a group; the queue waits for it
-        self.grouped = True  # until the controller shows it has no `tasks/results`
+        self._ungrouped_at: float | None = None  # when the controller last lacked the route
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the next group goes as one `tasks/results`: until a controller answers
+        that it has no such route, and again REGROUP_AFTER seconds after that answer."""
+        at = self._ungrouped_at
+        return at is None or self._clock() - at >= REGROUP_AFTER
 
     def post(
         self,
@@ -110,14 +122,23 @@ class ResultPoster:
         try:
             if self.grouped:
                 try:
-                    return [o.accepted for o in client.post_results(items)]
+                    outcomes: list[bool | Exception] = [
+                        o.accepted for o in client.post_results(items)
+                    ]
+                    self._ungrouped_at = None
+                    return outcomes
                 except Unauthorized:
                     raise
                 except ControllerError as exc:
                     if exc.status not in NO_ROUTE:
                         raise
-                    self.grouped = False
-                    log.info("the controller has no tasks/results (%s): one request a result", exc)
+                    self._ungrouped_at = self._clock()
+                    log.info(
+                        "the controller has no tasks/results (%s): one request a result for "
+                        "the next %.0f s",
+                        exc,
+                        REGROUP_AFTER,
+                    )
             return [self._send_one(client, item) for item in items]
         except Exception as exc:  # each waiting thread raises it as its own
             return [exc] * len(items)

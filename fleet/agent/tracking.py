@@ -98,6 +98,7 @@ class AgentParts:
     _lock: threading.RLock
     _tracked: dict[int, TrackedRunner]
     _first_seen: dict[tuple[str, int], float]  # orphans, by (backend, runner)
+    _orphans_listed_at: float | None
     _waiting_creates: set[int]
     _superseded: set[int]
     _inflight: set[threading.Thread]

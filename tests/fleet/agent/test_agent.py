@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from fleet.agent import tasks
+from fleet.agent import reconcile, tasks
 from fleet.agent.backends.base import RunnerSpec, WorkloadStatus
 from fleet.agent.backends.process import ProcessBackend
 from tests.waiting import wait_until
@@ -214,6 +214,41 @@ def test_agent16_the_two_minutes_count_from_first_seen(make_agent, controller, c
     clock.advance(1)
     agent.reconcile_once(clock())
     assert status(agent, 12) == WorkloadStatus.MISSING
+
+
+def test_agent16_woken_passes_list_the_backends_for_orphans_once_in_a_while(
+    make_agent, controller, clock, monkeypatch
+):
+    """A burst wakes the pass for every create: the listing for orphans (every workload, or
+    the engine's every container) is made once per reconcile interval, and at once when a
+    stray it already saw comes due."""
+    agent = make_agent()
+    agent.connect()
+    agent.poll_once(wait=0)
+    backend = agent.backends["process"]
+    listings = []
+    listed = backend.list
+    monkeypatch.setattr(backend, "list", lambda: listings.append(clock()) or listed())
+
+    for _ in range(5):  # woken passes, all at one moment
+        agent.reconcile_once(clock())
+    assert len(listings) == 1
+    clock.advance(reconcile.ORPHAN_LISTING_EVERY - 0.5)
+    agent.reconcile_once(clock())
+    assert len(listings) == 1
+    clock.advance(0.5)
+    agent.reconcile_once(clock())
+    assert len(listings) == 2, "each interval lists again: a new stray is seen in time"
+
+    backend.create(RunnerSpec(14, "stray", "pool", "process", command=LONG))
+    clock.advance(reconcile.ORPHAN_LISTING_EVERY)
+    agent.reconcile_once(clock())  # first seen
+    clock.advance(agent.tunables.orphan_grace - 0.25)
+    agent.reconcile_once(clock())
+    assert status(agent, 14) == WorkloadStatus.RUNNING
+    clock.advance(0.25)  # due, though the last listing was a quarter second ago
+    agent.reconcile_once(clock())
+    assert status(agent, 14) == WorkloadStatus.MISSING
 
 
 def test_agent17_a_new_runner_is_not_reported_missing_within_a_minute(

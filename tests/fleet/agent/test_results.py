@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from fleet.agent.client import ControllerClient, ControllerUnavailable, Unauthorized
-from fleet.agent.results import ResultPoster
+from fleet.agent.results import REGROUP_AFTER, ResultPoster
 from tests.fleet.agent.fakes import JOIN_TOKEN, FakeController
 from tests.waiting import wait_until
 
@@ -145,6 +145,27 @@ def test_an_older_controller_without_the_route_gets_one_request_a_result(control
     assert [c.path.rsplit("/", 2)[-2] for c in controller.calls_to("/result")] == [
         str(one), str(two), str(gone)
     ]  # fmt: skip
+
+
+def test_after_an_older_controller_the_group_route_is_asked_again_in_time(controller, client):
+    """An agent outlives the controller it met: once the controller is upgraded, results go
+    in groups again within REGROUP_AFTER, with no restart of the agent."""
+    now = [1000.0]
+    controller.grouped_results = False
+    poster = ResultPoster(clock=lambda: now[0])
+    one, two, three, four = in_flight(controller, 4)
+    assert poster.post(client, one, ok=True, error=None, attempt=1) is True
+    controller.grouped_results = True  # upgraded meanwhile
+    now[0] += REGROUP_AFTER - 1
+    assert poster.post(client, two, ok=True, error=None, attempt=1) is True
+    assert len(controller.calls_to("/tasks/results")) == 1, "not asked again before its time"
+    assert len(controller.calls_to("/result")) == 2
+    now[0] += 1
+    assert poster.post(client, three, ok=True, error=None, attempt=1) is True
+    assert poster.post(client, four, ok=True, error=None, attempt=1) is True
+    assert [c.status for c in controller.calls_to("/tasks/results")] == [404, 200, 200]
+    assert len(controller.calls_to("/result")) == 2, "grouped again, not one a result"
+    assert poster.grouped
 
 
 def test_an_error_too_long_is_cut_to_the_protocols_bound(controller, client):
