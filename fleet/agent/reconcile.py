@@ -75,6 +75,8 @@ class ReconcileLoop(AgentParts):
                     if kind == "registering":
                         tracked.registering_due = False
                         tracked.registering_sent = True
+                        # It carried the phase too: a running one is not news next pass.
+                        tracked.phase_sent = body.phase
                     elif kind == "phase":
                         tracked.phase_sent = body.phase
                     elif rid in answer.accepted or rid in answer.refused:

@@ -60,7 +60,7 @@ def test_sec_04_arch_04_the_tls_settings_serve_https_that_agents_verify(tmp_path
             "the embedded agent to join over the loopback listener",
         )
         # SEC-04: over HTTPS the CSRF cookie (and the session's) is Secure.
-        login = httpx.get(f"{controller.url}/admin/login/", verify=str(certs.ca), timeout=10)
+        login = httpx.get(f"{controller.url}/admin/login/", verify=controller.verify, timeout=10)
         assert "secure" in login.headers["set-cookie"].lower(), login.headers["set-cookie"]
         with pytest.raises(httpx.HTTPError):  # the bind speaks no plain HTTP
             httpx.get(f"http://127.0.0.1:{controller.port}/healthz", timeout=5)
