@@ -16,6 +16,7 @@ from fleet import protocol
 from fleet.agent.agent import Agent
 from fleet.agent.backends.base import RunnerSpec, WorkloadStatus
 from fleet.agent.cli import add_arguments, agent_from_options
+from fleet.agent.reconcile import ORPHAN_LISTING_EVERY
 from tests.fleet.agent.fakes import JOIN_TOKEN, FakeClock, FakeController, serving
 from tests.fleet.backends.conftest import Engine, wait_for
 
@@ -122,6 +123,7 @@ def test_agent16_a_container_nobody_claims_is_reaped_after_the_grace_and_not_bef
     assert backend.inspect(201).status == WorkloadStatus.MISSING
 
     previous.create(RunnerSpec.from_payload(create_payload(engine, 202, IDLE)))
+    clock.advance(ORPHAN_LISTING_EVERY)  # the listing for orphans is once an interval
     agent.reconcile_once()  # first seen now
     clock.advance(grace - 1)
     agent.reconcile_once()
