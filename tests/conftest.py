@@ -244,24 +244,15 @@ def django_db_modify_db_settings(request) -> None:
     request.getfixturevalue("django_db_modify_db_settings_parallel_suffix")
 
 
-def flush_by_delete(style, tables, *, quote_name) -> list[str]:
+@pytest.fixture(scope="session", autouse=True)
+def _postgres_flush_by_delete() -> Iterator[None]:
     """PostgreSQL's flush for the tests: DELETE FROM every table, its foreign keys checked
     at the commit (Django makes them deferrable), where Django's is one TRUNCATE of all of
     them. A TRUNCATE makes each table, index and TOAST file anew: 0.12 s for our 39 tables
     on a quiet server and 0.7 s in the loaded test command, after each of about 350
     transactional tests (a quarter of the PostgreSQL pass); the DELETEs take 6 ms. Both
-    leave every table empty and the sequences where they were."""
-    return ["SET CONSTRAINTS ALL DEFERRED"] + [
-        f"{style.SQL_KEYWORD('DELETE')} {style.SQL_KEYWORD('FROM')} "
-        f"{style.SQL_FIELD(quote_name(table))}"
-        for table in tables
-    ]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _postgres_flush_by_delete() -> Iterator[None]:
-    """`flush_by_delete` for every flush of this process; a sequence reset or a cascade (a
-    flush of some apps only) stays Django's own TRUNCATE."""
+    leave every table empty and the sequences where they were. A sequence reset or a
+    cascade (a flush of some apps only) stays Django's own TRUNCATE."""
     from django.db.backends.postgresql import operations  # noqa: PLC0415  # Django is set up
 
     truncate = operations.DatabaseOperations.sql_flush
@@ -270,7 +261,10 @@ def _postgres_flush_by_delete() -> Iterator[None]:
         if reset_sequences or allow_cascade or not tables:
             return truncate(self, style, tables, reset_sequences=reset_sequences,
                             allow_cascade=allow_cascade)  # fmt: skip
-        return flush_by_delete(style, tables, quote_name=self.quote_name)
+        delete_from = f"{style.SQL_KEYWORD('DELETE')} {style.SQL_KEYWORD('FROM')}"
+        return ["SET CONSTRAINTS ALL DEFERRED"] + [
+            f"{delete_from} {style.SQL_FIELD(self.quote_name(table))}" for table in tables
+        ]
 
     operations.DatabaseOperations.sql_flush = sql_flush
     yield

@@ -1,4 +1,4 @@
-"""The flush after each transactional test (tests/conftest.py `flush_by_delete`): on
+"""The flush after each transactional test (tests/conftest.py `_postgres_flush_by_delete`): on
 PostgreSQL DELETEs in place of Django's one TRUNCATE, and on either database every table
 is left empty, rows that reference one another included; on PostgreSQL the sequences are
 left as they were, as Django's TRUNCATE without RESTART IDENTITY leaves them."""
