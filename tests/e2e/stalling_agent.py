@@ -29,7 +29,10 @@ class StallingBackend(ProcessBackend):
     def create(self, spec: RunnerSpec) -> Handle:
         if self.after:
             super().create(spec)
-        self.mark.write_text(str(spec.runner_id))
+        # Written whole, then renamed: the test polls for the file and reads it at once.
+        partial = self.mark.with_name(self.mark.name + ".partial")
+        partial.write_text(str(spec.runner_id))
+        partial.rename(self.mark)
         threading.Event().wait()  # until the test kills this process
         raise AssertionError("not reached")
 

@@ -13,7 +13,8 @@ from runners.github.programs import FAKE_RUNNER as FAKE_RUNNER_IMAGE
 from tests.e2e.harness import wait_for
 from tests.e2e.test_first_job import setup_fleet
 
-pytestmark = [pytest.mark.e2e, pytest.mark.any_database]
+# Over 20 s of a worker: .ci/run's slow pass runs it, after the test command.
+pytestmark = [pytest.mark.e2e, pytest.mark.any_database, pytest.mark.slow]
 
 
 def test_sched29_sched30_a_joining_host_gets_its_platforms_pool_and_a_job_runs_on_it(e2e):

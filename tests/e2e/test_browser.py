@@ -23,7 +23,8 @@ from tests.e2e.test_first_job import LABELS, POOL, setup_fleet
 from zoomies_site import dashboard
 
 # The HTTP layer and the browser: the same on either database, so the SQLite pass runs it.
-pytestmark = [pytest.mark.e2e, pytest.mark.any_database]
+# Over 20 s of a worker: .ci/run's slow pass runs it, after the test command.
+pytestmark = [pytest.mark.e2e, pytest.mark.any_database, pytest.mark.slow]
 # Every page of the dashboard (zoomies_site/dashboard_urls.py) by its screenshot's name;
 # {pool} is the test pool's id. The admin and the browsable API follow them.
 PAGES = {

@@ -20,7 +20,8 @@ from tests.e2e.browsing import PASSWORD, Watch
 from tests.e2e.test_first_job import POOL
 from tests.fleet.providers import pve
 
-pytestmark = [pytest.mark.e2e, pytest.mark.any_database]
+# Over 20 s of a worker: .ci/run's slow pass runs it, after the test command.
+pytestmark = [pytest.mark.e2e, pytest.mark.any_database, pytest.mark.slow]
 
 # pveum as a node answers it: the token it makes is the one the fake cluster holds.
 PVEUM = f"""#!/bin/sh

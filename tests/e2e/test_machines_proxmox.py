@@ -20,7 +20,8 @@ from tests.e2e.test_machines import MACHINE_ENV, agents_running, machines
 from tests.fleet.providers import pve
 
 # What it proves is the provider and the loop, the same on either database: one pass is enough.
-pytestmark = [pytest.mark.e2e, pytest.mark.any_database]
+# Over 20 s of a worker: .ci/run's slow pass runs it, after the test command.
+pytestmark = [pytest.mark.e2e, pytest.mark.any_database, pytest.mark.slow]
 
 
 @pytest.fixture

@@ -161,6 +161,7 @@ def start(top: Topology, fake: FakeGitHub) -> int:
     return installation
 
 
+@pytest.mark.slow  # about 30 s of a worker: .ci/run's slow pass, after the test command
 def test_store06_a_job_runs_end_to_end_on_two_web_and_two_worker_processes(topology):
     top, fake = topology
     start(top, fake)

@@ -295,6 +295,7 @@ def unit_environment(root: Path, service: configparser.SectionProxy) -> dict[str
 
 @pytest.mark.e2e
 @pytest.mark.any_database  # its own SQLite file, whichever engine the pass is for
+@pytest.mark.slow  # about 35 s of a worker: .ci/run's slow pass, after the test command
 def test_the_wheel_installs_runs_as_its_unit_says_and_uninstalls_without_a_trace(tmp_path):
     """Issue 26 acceptance, item 1 (ARCH-11): the built wheel in a fresh virtualenv with the
     controller's dependencies only, `zoomies install` into a throwaway root, the controller
