@@ -266,6 +266,7 @@ def test_hook03_in_progress_before_queued_moves_no_job_back_or_adds_a_runner(e2e
     assert all(api_job(controller, j)["status"] == "completed" for j in jobs)
 
 
+@pytest.mark.slow  # over 20 s of a worker: .ci/run's slow pass, on both databases
 def test_poll05_a_rate_limited_installation_waits_for_its_reset_while_another_runs(e2e):
     """POLL-05, POLL-06: the limited installation resumes when the fake's reset passes."""
     controller, fake = e2e

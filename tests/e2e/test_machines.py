@@ -71,6 +71,7 @@ def rent_and_run(controller, fake) -> int:
     return fake.queue_job(repo="acme/app", labels=LABELS, duration=2)
 
 
+@pytest.mark.slow  # over 20 s of a worker: .ci/run's slow pass, on both databases
 def test_a_job_on_an_empty_fleet_rents_a_machine_runs_on_it_and_the_machine_is_given_back(e2e):
     """MACH-04, 11, 12, 14, 15: planned, created, joined with its claim code, a host that
     ran the job, then idle, drained, deleted, and proved gone; nothing left behind."""

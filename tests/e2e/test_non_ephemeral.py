@@ -13,7 +13,8 @@ from tests.e2e.harness import wait_for
 from tests.e2e.test_first_job import api_job, setup_fleet
 from tests.ghes_proxy import PrefixProxy
 
-pytestmark = [pytest.mark.e2e, pytest.mark.any_database]
+# Over 20 s of a worker: .ci/run's slow pass runs it, after the test command.
+pytestmark = [pytest.mark.e2e, pytest.mark.any_database, pytest.mark.slow]
 LABELS = ["self-hosted", "kept"]
 
 

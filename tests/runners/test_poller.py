@@ -521,6 +521,7 @@ def test_poll03_a_dropped_queued_delivery_amid_flowing_webhooks_is_found_by_the_
     assert len(_run_job_lists(fake, acme)) == 1
 
 
+@pytest.mark.slow  # over 20 s of a worker: .ci/run's slow pass, on both databases
 @pytest.mark.django_db
 def test_poll05_a_burst_of_180_queued_runs_costs_bounded_calls(fake, sweep, clock):
     """POLL-05: 180 queued runs, no webhook, a sweep every 5 s for ten minutes: each run's
