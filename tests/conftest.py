@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from django.conf import settings
 
 from accounts import actions as account_actions
 from accounts.roles import ALL_SCOPES
@@ -187,6 +188,15 @@ class LongGroupsFirst:
 def pytest_configure(config):
     config.pluginmanager.register(LongGroupsFirst(), "zoomies-long-groups-first")
     config.pluginmanager.register(leftovers, "zoomies-leftovers")  # issue 21 item 1
+    # Argon2id at its least cost for the suite's users (tests/hashers.py); processes the
+    # tests start (controllers, `manage.py`) keep production's.
+    settings.PASSWORD_HASHERS = [
+        QUICK_ARGON2 if hasher.endswith(".Argon2PasswordHasher") else hasher
+        for hasher in settings.PASSWORD_HASHERS
+    ]
+
+
+QUICK_ARGON2 = "tests.hashers.QuickArgon2PasswordHasher"
 
 
 def in_a_long_group(item: pytest.Item) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.conf import settings
 from django.contrib.auth import get_user_model
 
 from accounts.migrations import __path__ as migrations_path
@@ -22,3 +23,12 @@ def test_auth01_passwords_are_hashed_with_argon2id():
     assert user.password.startswith("argon2$argon2id$")
     assert user.check_password("correct horse battery staple")
     assert not user.check_password("wrong")
+
+
+def test_auth01_production_hashes_with_djangos_argon2_at_its_own_cost():
+    """The suite's users get argon2id at its least cost (tests/hashers.py); the settings a
+    controller runs with keep Django's hasher, whose cost is the point."""
+    import zoomies_site.settings as production  # noqa: PLC0415  # the module, not the override
+
+    assert production.PASSWORD_HASHERS[0] == "django.contrib.auth.hashers.Argon2PasswordHasher"
+    assert settings.PASSWORD_HASHERS[0] == "tests.hashers.QuickArgon2PasswordHasher"
