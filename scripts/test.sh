@@ -3,7 +3,7 @@
 # again on PostgreSQL. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ZOOMIES_BYTECODE=lazy scripts/bootstrap.sh  # the suite compiles what it imports (bootstrap.sh)
+scripts/bootstrap.sh
 PY=.venv/bin/python
 if [ -z "${ZOOMIES_DATA_DIR:-}" ]; then
     ZOOMIES_DATA_DIR="$(mktemp -d /tmp/zoomies-test.XXXXXX)"
@@ -16,24 +16,13 @@ export ZOOMIES_DATA_DIR
 # cache off for everything (PYTHONDONTWRITEBYTECODE); the suite turns it back on.
 unset PYTHONDONTWRITEBYTECODE
 
-# First one collection fills the bytecode cache for the five workers below, which would
-# otherwise each rewrite every test module at the same moment (13 s cold, 4 s warm, each).
-# It is two collections at once, half the tests each, so that both cores work on it; on a
-# fresh clone they also compile what the suite imports of the packages (bootstrap.sh).
-$PY -m pytest -p no:cacheprovider -q --collect-only tests/fleet tests/zoomies_site tests/accounts \
-    >/dev/null 2>&1 &  # errors: the passes say
-collect_pid=$!
-$PY -m pytest -p no:cacheprovider -q --collect-only tests --ignore=tests/fleet \
-    --ignore=tests/zoomies_site --ignore=tests/accounts >/dev/null 2>&1 || true
-wait "$collect_pid" || true
-
-# The static checks (about 20 s on one core) run beside the passes, at a lower priority (the
-# passes leave a core's fifth idle on average), logged and shown when they end; their status
-# counts like a pass's.
+# The static checks (about 14 s on one core) run beside the passes, logged and shown when
+# they end; their status counts like a pass's. First one collection fills the bytecode cache
+# for the five workers below, which would otherwise each rewrite every test module at the
+# same moment (13 s cold, 4 s warm, each).
 STATIC_LOG="$(mktemp /tmp/zoomies-test-static.XXXXXX.log)"
 (
     set -e
-    renice -n 10 -p "$BASHPID" >/dev/null  # its programs inherit it
     echo "== ruff"
     .venv/bin/ruff check .
     .venv/bin/ruff format --check .
@@ -51,6 +40,7 @@ STATIC_LOG="$(mktemp /tmp/zoomies-test-static.XXXXXX.log)"
 static_pid=$!
 trap 'kill "$static_pid" 2>/dev/null || true' INT TERM
 echo "== static checks (ruff, mypy, import contracts, django checks), in the background: $STATIC_LOG"
+$PY -m pytest -p no:cacheprovider -q --collect-only >/dev/null 2>&1 || true  # errors: the passes say
 
 # Both passes at once, each spread over xdist workers (one group per test file, the container
 # engine tests one group: tests/conftest.py): most of a pass is waiting on child processes
