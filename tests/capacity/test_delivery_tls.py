@@ -51,7 +51,7 @@ def trust_rebuilt():
     delivery.trust.cache_clear()
 
 
-def _send(url: str, registry_defaults):
+def _send(url: str):
     config = dataclasses.replace(load(), signing_secret="s" * 64, timeout=timedelta(seconds=5))
     claimed = ClaimedTry(attempt_id=1, number=1, event_id="evt-1", destination_url=url,
                          body=b'{"type": "capacity.demand"}', stamp="1700000000")  # fmt: skip
@@ -65,7 +65,7 @@ def test_a_receiver_behind_a_certificate_nobody_trusts_gets_no_body(
     url, _ca = tls_receiver
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
-    outcome, status, error = _send(url, registry_defaults)
+    outcome, status, error = _send(url)
     assert (outcome, status) == (TryOutcome.UNANSWERED, None)
     assert "CERTIFICATE_VERIFY_FAILED" in error
 
@@ -76,6 +76,6 @@ def test_ssl_cert_file_names_the_trusted_ca_and_the_trust_is_built_once(
 ):
     url, ca = tls_receiver
     monkeypatch.setenv("SSL_CERT_FILE", str(ca))
-    assert _send(url, registry_defaults)[:2] == (TryOutcome.ACCEPTED, 202)
-    assert _send(url, registry_defaults)[:2] == (TryOutcome.ACCEPTED, 202)
+    assert _send(url)[:2] == (TryOutcome.ACCEPTED, 202)
+    assert _send(url)[:2] == (TryOutcome.ACCEPTED, 202)
     assert delivery.trust.cache_info().misses == 1
