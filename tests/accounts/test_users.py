@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
-from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import Argon2PasswordHasher, make_password
 
 from accounts.migrations import __path__ as migrations_path
 from accounts.models import User
+from tests.hashers import QuickArgon2PasswordHasher
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_auth01_the_user_model_is_ours_from_the_first_migration():
@@ -25,10 +33,27 @@ def test_auth01_passwords_are_hashed_with_argon2id():
     assert not user.check_password("wrong")
 
 
-def test_auth01_production_hashes_with_djangos_argon2_at_its_own_cost():
-    """The suite's users get argon2id at its least cost (tests/hashers.py); the settings a
-    controller runs with keep Django's hasher, whose cost is the point."""
-    import zoomies_site.settings as production  # noqa: PLC0415  # the module, not the override
+def _cost(stored: str) -> tuple[int, int, int]:
+    decoded = Argon2PasswordHasher().decode(stored)
+    return decoded["memory_cost"], decoded["time_cost"], decoded["parallelism"]
 
-    assert production.PASSWORD_HASHERS[0] == "django.contrib.auth.hashers.Argon2PasswordHasher"
-    assert settings.PASSWORD_HASHERS[0] == "tests.hashers.QuickArgon2PasswordHasher"
+
+def test_auth01_a_process_on_the_production_settings_hashes_at_djangos_argon2_cost():
+    """The suite's own users get argon2id at its least cost (tests/hashers.py); a process on
+    the settings a controller runs with (as every one the tests start) hashes at Django's."""
+    code = (
+        "import django; django.setup(); "
+        "from django.contrib.auth.hashers import make_password; print(make_password('pw'))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "zoomies_site.settings"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=True)  # fmt: skip
+    djangos = Argon2PasswordHasher()
+    quick = QuickArgon2PasswordHasher()
+    assert _cost(done.stdout.strip().splitlines()[-1]) == (
+        djangos.memory_cost,
+        djangos.time_cost,
+        djangos.parallelism,
+    )
+    assert _cost(make_password("pw")) == (quick.memory_cost, quick.time_cost, quick.parallelism)
+    assert djangos.memory_cost > quick.memory_cost
