@@ -17,6 +17,9 @@ busy timeout, PostgreSQL's lock and statement timeouts), answers a delivery it r
 late with 503 without writing it, and the route waits a little past the due time for the
 writer's own answer, cancelling a delivery the writer has not begun. So a 503 means "not
 recorded": GitHub's redelivery (the operator's, or the hook-deliveries sweep) records it.
+On SQLite (unless WEBHOOK_INBOX is off) the writer does not record a burst itself: it keeps
+it in the webhook inbox, a file of its own, answers it, and the inbox's applier records it
+(runners/webhook_inbox.py). The answer's rules above hold for the inbox's commit.
 The thread keeps its database connection between bursts (it is ours, not one of Django's
 request threads, which Django closes after each request); it closes it on any database
 error and when stopped.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from concurrent.futures import Future, wait
@@ -42,7 +46,7 @@ from django.db import (
     transaction,
 )
 
-from runners import webhooks
+from runners import webhook_inbox, webhooks
 from runners.github.config import webhook_max_body, webhook_secrets
 from zoomies_site.core import metrics
 from zoomies_site.core.registry import CACHE_SECONDS
@@ -99,6 +103,10 @@ class Writer:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # The writer thread's own: its connection to the inbox, and the bodies of the burst
+        # it is keeping there, by delivery id.
+        self._inbox: webhook_inbox.Inbox | None = None
+        self._bodies: dict[str, bytes] = {}
 
     def submit(self, request: Request) -> Future[webhooks.Outcome]:
         """Queue a delivery; the future holds its answer once its burst has committed."""
@@ -143,6 +151,7 @@ class Writer:
                 if len(items) < len(burst):
                     return
         finally:
+            self._close_inbox()
             _close_connections()
 
     def _write(self, items: list[tuple[Request, Future[webhooks.Outcome]]]) -> None:
@@ -165,6 +174,7 @@ class Writer:
                 future.set_exception(exc)
             return
         to_record: list[tuple[webhooks.Delivery, Future[webhooks.Outcome]]] = []
+        self._bodies.clear()
         for request, future in items:
             try:
                 checked = _check(request, secrets)
@@ -175,9 +185,13 @@ class Writer:
                 future.set_result(checked)  # refused: nothing to write
             else:
                 to_record.append((checked, future))
+                self._bodies[checked.delivery_id] = request.body
         if not to_record:
             return
         answer_by = min(request.answer_by for request, _ in items)
+        if webhook_inbox.enabled():
+            self._keep(to_record, answer_by)
+            return
         try:
             answers = _record([delivery for delivery, _ in to_record], answer_by=answer_by)
         except Exception as exc:
@@ -189,6 +203,42 @@ class Writer:
                 future.set_exception(answer)
             else:
                 future.set_result(answer)
+
+    def _keep(
+        self, to_record: list[tuple[webhooks.Delivery, Future[webhooks.Outcome]]], answer_by: float
+    ) -> None:
+        """On SQLite: keep the burst in the inbox (runners.webhook_inbox), answer it, and wake
+        the applier that records it in the database."""
+        try:
+            left = answer_by - time.monotonic()
+            if left < MIN_WRITE_SECONDS:
+                raise TooLate("its answer was due before the inbox took it")
+            file = webhook_inbox.path()
+            if self._inbox is None or self._inbox.file != file:
+                self._close_inbox()
+                self._inbox = webhook_inbox.Inbox(file)
+            answers = self._inbox.keep(
+                [(delivery, self._bodies[delivery.delivery_id]) for delivery, _ in to_record],
+                wait=left,
+            )
+        except (sqlite3.Error, DatabaseError) as exc:
+            self._close_inbox()
+            _close_connections()
+            error = exc if isinstance(exc, DatabaseError) else OperationalError(str(exc))
+            for _, future in to_record:
+                future.set_exception(error)
+            return
+        finally:
+            self._bodies.clear()
+        for answer, (_, future) in zip(answers, to_record, strict=True):
+            future.set_result(answer)
+        if any(answer.body.get("ok") for answer in answers):
+            webhook_inbox.applier().wake()
+
+    def _close_inbox(self) -> None:
+        if self._inbox is not None:
+            self._inbox.close()
+            self._inbox = None
 
 
 def _check(request: Request, secrets: list[str]) -> webhooks.Outcome | webhooks.Delivery:

@@ -323,6 +323,13 @@ def check(
         return Outcome(400, {"error": "X-GitHub-Delivery is longer than 100 characters"})
     if not storable(event) or not storable(delivery_id):
         return Outcome(400, {"error": "a GitHub header contains a NUL character"})
+    return parse(body=body, event=event, delivery_id=delivery_id, now=now)
+
+
+def parse(*, body: bytes, event: str, delivery_id: str, now: datetime) -> Outcome | Delivery:
+    """The body of a delivery whose headers and signature `check` accepted: the refusal
+    (400) as an Outcome, or the Delivery to record. The webhook inbox (runners.
+    webhook_inbox) parses the body it kept with this, as `check` did before it was kept."""
     try:
         payload = parse_json(body)
     except BadPayload as exc:

@@ -52,6 +52,8 @@ log = logging.getLogger("zoomies.server")
 MIB = 1024 * 1024
 DRAIN_POLL = 0.05  # how often a paused stream looks whether its client has read
 SECONDS_PER_MIB = 1.0
+# At a stop, how long the webhook inbox's applier may go on recording what it keeps.
+INBOX_STOP_SECONDS = 5.0
 REASONS = {408: b"Request Timeout", 413: b"Content Too Large", 429: b"Too Many Requests"}
 WHY = {
     408: "the request did not arrive within server.request_timeout",
@@ -350,6 +352,12 @@ def serve(host: str, port: int, internal_port: int | None, *, reuse_port: bool =
         if cert and key:
             raise SystemExit("zoomies server: --reuse-port serves plain HTTP; put TLS in front")
         listen[0], _kept = reuse_port_endpoint(host, port)
+    # Deliveries an earlier process kept in the webhook inbox and did not record (it was
+    # killed, or stopped with the database locked) are recorded now, not at the next one.
+    from runners import webhook_inbox  # noqa: PLC0415  # Django is set up by now
+
+    if webhook_inbox.enabled():
+        webhook_inbox.applier().wake()
     # Server.run builds its HTTP factory from this module-level name; the process is ours.
     daphne.server.HTTPFactory = BoundedHTTPFactory
     log.info("serving on %s (%s)", ", ".join(listen), limits)
@@ -362,7 +370,9 @@ def serve(host: str, port: int, internal_port: int | None, *, reuse_port: bool =
     ).run()
     # The reactor has stopped and every connection is closed. A sync view thread still in an
     # agent's long-poll would hold the interpreter's exit for the rest of its wait, so leave
-    # now: nothing is owed to anyone any more.
+    # now: nothing is owed to anyone any more. What the webhook inbox keeps is recorded first
+    # if the database lets it within a few seconds; else by the next start.
+    webhook_inbox.stop_appliers(timeout=INBOX_STOP_SECONDS)
     logging.shutdown()
     os._exit(0)
 

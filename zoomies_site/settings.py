@@ -147,6 +147,11 @@ else:
         }
     }
 
+# On SQLite, webhook deliveries are kept in a file of their own before they are recorded, so
+# GitHub is answered without waiting for the database's one write lock (runners/
+# webhook_inbox.py). ZOOMIES_WEBHOOK_INBOX=0 records each burst before answering it instead.
+WEBHOOK_INBOX = env("ZOOMIES_WEBHOOK_INBOX", "1") != "0"
+
 AUTH_USER_MODEL = "accounts.User"
 PASSWORD_HASHERS = [
     "django.contrib.auth.hashers.Argon2PasswordHasher",

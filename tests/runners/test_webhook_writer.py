@@ -1,6 +1,10 @@
 """runners.webhook_writer: both routes of `POST /webhooks/github` record through one thread
 that writes deliveries in bursts, and answer within the budget whatever the database does.
 
+These are the writer's direct path, recorded before answered: PostgreSQL's, and SQLite's with
+the webhook inbox turned off (WEBHOOK_INBOX). tests/runners/test_webhook_inbox.py has SQLite's
+default, kept in the inbox first.
+
 The database is held back by a second process: on SQLite it holds the write lock
 (`BEGIN IMMEDIATE`), on PostgreSQL an EXCLUSIVE lock on the deliveries table, which any
 insert there waits for.
@@ -61,8 +65,9 @@ with psycopg.connect(sys.argv[1]) as db:
 
 
 @pytest.fixture(autouse=True)
-def _setup(github_settings, monkeypatch):
+def _setup(github_settings, monkeypatch, settings):
     github_settings.set(webhook_secrets=WEBHOOK_SECRET)
+    settings.WEBHOOK_INBOX = False
     monkeypatch.setattr(webhook_writer, "ANSWER_BUDGET", BUDGET)
 
 
