@@ -144,6 +144,13 @@ class RunnerMove:
     new_state: str
     now: datetime
     reason: str
+    # The state it is in when not the one read: the caller moved it in this transaction
+    # (runners/actions/reports.py: provisioning -> registering, then on to idle).
+    moved_to: str | None = None
+
+    @property
+    def current(self) -> str:
+        return self.moved_to if self.moved_to is not None else self.runner.state
 
 
 def transition_read_runners(moves: Sequence[RunnerMove], *, actor: str) -> None:
@@ -158,7 +165,7 @@ def transition_read_runners(moves: Sequence[RunnerMove], *, actor: str) -> None:
     """
     for move in moves:
         runner, new_state = move.runner, RunnerState(move.new_state)
-        current = runner.state
+        current = move.current
         if current == new_state or not _allowed(current, new_state, ephemeral=runner.ephemeral):
             raise ValueError(f"runner {runner.pk}: {current} -> {new_state} is not a move")
         moved = Runner.objects.filter(
@@ -169,7 +176,7 @@ def transition_read_runners(moves: Sequence[RunnerMove], *, actor: str) -> None:
     audit.record_each(
         [
             (actor, f"runner.{m.new_state}", Runner(pk=m.runner.pk),
-             {"from": m.runner.state, "to": str(RunnerState(m.new_state)), "reason": m.reason},
+             {"from": m.current, "to": str(RunnerState(m.new_state)), "reason": m.reason},
              m.now)
             for m in moves
         ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
@@ -16,9 +17,9 @@ from fleet.taskqueue import cancel_tasks
 from runners.actions import steps
 from runners.models import Job, Runner
 from runners.states import TERMINAL_STATES, JobStatus, RunnerState
-from runners.transitions import transition_runner
+from runners.transitions import RunnerMove, transition_read_runners, transition_runner
 from runners.wake import wake_reconcile
-from zoomies_site.core.events import emit
+from zoomies_site.core.events import emit, emit_each
 
 REPORTED_STATES = {
     "registering": RunnerState.REGISTERING,
@@ -72,14 +73,25 @@ def apply_agent_reports(*, host: Host, reports: Any, now: datetime) -> tuple[lis
     ended = False
     actor = host.actor
     for start in range(0, len(readable), REPORTS_PER_TRANSACTION):
+        group = readable[start : start + REPORTS_PER_TRANSACTION]
         with transaction.atomic(durable=True):
-            for index, report in readable[start : start + REPORTS_PER_TRANSACTION]:
-                # Locked to the commit, so a GitHub signal cannot slip in between the read
-                # of `registering` and the move to idle (it would make busy -> idle).
-                runner = Runner.objects.select_for_update().filter(pk=report.runner_id).first()
+            # Locked to the commit, so a GitHub signal cannot slip in between the read of
+            # `registering` and the move to idle (it would make busy -> idle).
+            ids = sorted({report.runner_id for _, report in group})
+            locked = {
+                r.pk: r
+                for r in Runner.objects.select_for_update().filter(pk__in=ids).order_by("pk")
+            }
+            came_up = _came_up_together(group, locked, host=host, now=now, actor=actor)
+            for index, report in group:
+                if index in came_up:
+                    answers[index] = True
+                    continue
+                runner = locked.get(report.runner_id)
                 if runner is None or runner.host_id != host.pk:
                     answers[index] = False
                     continue
+                runner.refresh_from_db()  # an earlier report of the group may have moved it
                 _apply_report(runner, report, now=now, actor=actor)
                 answers[index] = True
                 ended = ended or report.state in ("removed", "failed")
@@ -89,6 +101,63 @@ def apply_agent_reports(*, host: Host, reports: Any, now: datetime) -> tuple[lis
     accepted = [read[i].runner_id for i in sorted(answers) if answers[i]]
     refused = [read[i].runner_id for i in sorted(answers) if not answers[i]]
     return accepted, refused
+
+
+def _came_up_together(
+    group: list[tuple[int, protocol.RunnerReport]],
+    locked: dict[int, Runner],
+    *,
+    host: Host,
+    now: datetime,
+    actor: str,
+) -> set[int]:
+    """A burst's commonest reports, applied as a group: a provisioning runner of this host
+    whose one report in the group says `registering` with its workload running (or not yet
+    said) and nothing else. Each is what `_apply_report` does for it (provisioning ->
+    registering, running -> idle, RUN-16; the phase kept; a job GitHub started on it caught
+    up), with one INSERT for the group's audit rows and events instead of a transaction's
+    worth of statements a runner (issue 28: the reports held SQLite's write lock longest in
+    a burst). The indexes applied here; every other report goes through `_apply_report`."""
+    counts = Counter(report.runner_id for _, report in group)
+    plain = [
+        (index, report, locked[report.runner_id])
+        for index, report in group
+        if counts[report.runner_id] == 1
+        and report.runner_id in locked
+        and locked[report.runner_id].host_id == host.pk
+        and locked[report.runner_id].state == RunnerState.PROVISIONING
+        and report.state == "registering"
+        and report.phase in (None, "running")
+        and report.exit_code is None
+    ]
+    if len(plain) < 2:
+        return set()  # one alone costs the same either way
+    transition_read_runners(
+        [RunnerMove(r, RunnerState.REGISTERING, now, "the agent started the workload")
+         for _, _, r in plain],
+        actor=actor,
+    )  # fmt: skip
+    running = [(i, rep, r) for i, rep, r in plain if rep.phase == "running"]
+    transition_read_runners(
+        [RunnerMove(r, RunnerState.IDLE, now, "the runner process is running",
+                    moved_to=RunnerState.REGISTERING)
+         for _, _, r in running],
+        actor=actor,
+    )  # fmt: skip
+    changed = [r for _, _, r in running if r.phase != "running"]
+    Runner.objects.filter(pk__in=[r.pk for _, _, r in running]).update(phase="running")
+    emit_each([("runner.reported", r, now) for r in changed])
+    # RUN-16, HOOK-05: a job GitHub already started on one of them (one query for the group).
+    names = [r.name for _, _, r in plain]
+    started = Job.objects.filter(
+        Q(runner_name__in=names) | Q(runner__in=[r.pk for _, _, r in plain]),
+        status=JobStatus.IN_PROGRESS,
+    ).values_list("runner_name", "runner_id")
+    caught = {name for name, _ in started} | {pk for _, pk in started}
+    for _, _, runner in plain:
+        if runner.name in caught or runner.pk in caught:
+            _catch_up_started_job(runner, now=now, actor=actor)
+    return {index for index, _, _ in plain}
 
 
 def _catch_up_started_job(runner: Runner, *, now: datetime, actor: str) -> None:

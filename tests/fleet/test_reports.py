@@ -349,3 +349,79 @@ def test_run15_a_pass_of_many_reports_is_a_few_transactions_answered_in_the_orde
     # Each runner's registering landed before its running phase: registering, then idle.
     assert {Runner.objects.get(pk=r.pk).state for r in runners} == {"idle"}
     assert Runner.objects.get(pk=theirs.pk).state == "provisioning"
+
+
+def _trail(runner: Runner) -> dict:
+    """What a runner's reports left: its row, its audit rows and its events."""
+    from accounts.models import AuditLog  # noqa: PLC0415
+    from zoomies_site.core.models import Event  # noqa: PLC0415
+
+    runner.refresh_from_db()
+    audits = AuditLog.objects.filter(target_type="runner", target_id=str(runner.pk)).order_by("pk")
+    events = Event.objects.filter(resource="runner", resource_id=str(runner.pk)).order_by("pk")
+    return {
+        "row": (runner.state, runner.phase),
+        "audit": [(a.actor, a.action, a.detail) for a in audits],
+        "events": [e.kind for e in events],
+    }
+
+
+@pytest.mark.django_db
+def test_run15_16_a_bursts_registering_reports_applied_together_leave_what_one_at_a_time_does(
+    django_assert_max_num_queries,
+):
+    """Issue 28: the reports a burst's agent sends (each new runner `registering`, its
+    workload running or not yet) are applied as a group, with one INSERT for their audit
+    rows and events: each runner ends exactly as the same report alone leaves one (state,
+    phase, audit rows, events; RUN-16's early in_progress caught up to busy), and the
+    group's statements do not grow by a transaction's worth a runner. A report that is not
+    of that kind in the same call (a second report for a runner, an idle runner's phase,
+    another host's runner) goes the one-at-a-time way."""
+    host, _ = join("h1")
+    other, _ = join("h2")
+    alone = [make_runner(host, "provisioning") for _ in range(4)]
+    together = [make_runner(host, "provisioning") for _ in range(24)]
+    early_alone, early_together = alone[0], together[0]
+    job_started_early(early_alone, github_id=51)
+    job_started_early(early_together, github_id=52)
+
+    def sent(runner: Runner, index: int) -> dict:
+        phase = "running" if index % 2 else None
+        return {"runner_id": runner.pk, "state": "registering", "phase": phase}
+
+    for index, runner in enumerate(alone):
+        apply_agent_reports(host=host, reports=[sent(runner, index)], now=later(5))
+    with django_assert_max_num_queries(60):  # one at a time: about 17 statements a runner
+        accepted, refused = apply_agent_reports(
+            host=host, reports=[sent(r, i) for i, r in enumerate(together)], now=later(5)
+        )
+    assert (accepted, refused) == ([r.pk for r in together], [])
+    for index, runner in enumerate(alone):
+        # The early pair's jobs are 51 and 52; all else is the same.
+        assert str(_trail(runner)) == str(_trail(together[index])).replace("job 52", "job 51")
+    assert _trail(early_together)["row"][0] == "busy"
+    assert Job.objects.get(github_id=52).runner_id == early_together.pk
+    assert {_trail(r)["row"] for r in together[1:]} == {("registering", ""), ("idle", "running")}
+
+    # Mixed: a runner reported twice, an idle runner's phase, another host's runner, and two
+    # plain ones; each as alone.
+    twice, plain_a, plain_b = (make_runner(host, "provisioning") for _ in range(3))
+    idle = make_runner(host, "idle")
+    theirs = make_runner(other, "provisioning")
+    accepted, refused = apply_agent_reports(
+        host=host,
+        reports=[
+            {"runner_id": twice.pk, "state": "registering"},
+            {"runner_id": plain_a.pk, "state": "registering", "phase": "running"},
+            {"runner_id": twice.pk, "state": None, "phase": "running"},
+            {"runner_id": idle.pk, "phase": "running"},
+            {"runner_id": theirs.pk, "state": "registering"},
+            {"runner_id": plain_b.pk, "state": "registering", "phase": "running"},
+        ],
+        now=later(9),
+    )
+    assert refused == [theirs.pk]
+    assert _trail(twice)["row"] == _trail(plain_a)["row"] == ("idle", "running")
+    assert [a[1] for a in _trail(twice)["audit"]] == ["runner.registering", "runner.idle"]
+    assert _trail(idle)["row"] == ("idle", "running")
+    assert _trail(theirs)["row"][0] == "provisioning"
