@@ -94,10 +94,11 @@ class Inbox:
 
     def keep(
         self, deliveries: Sequence[tuple[webhooks.Delivery, bytes]], *, wait: float
-    ) -> list[webhooks.Outcome]:
+    ) -> tuple[list[webhooks.Outcome], list[Kept]]:
         """Keep the new deliveries in one commit; an answer for each, in order: ok, or a
-        duplicate of one recorded in the database or kept here. Waits for the inbox's lock at
-        most `wait` seconds (sqlite3.OperationalError after that: nothing was kept)."""
+        duplicate of one recorded in the database or kept here; and what was kept. Waits
+        for the inbox's lock at most `wait` seconds (sqlite3.OperationalError after that:
+        nothing was kept)."""
         self.db.execute(f"PRAGMA busy_timeout = {max(int(wait * 1000), 1)}")
         self.db.execute("BEGIN IMMEDIATE")
         try:
@@ -106,15 +107,19 @@ class Inbox:
             # database has it, and only under this lock, so each is in one place or the other.
             seen = recorded_ids(ids)
             answers = []
+            kept = []
             for delivery, body in deliveries:
                 inserted = 0
                 if delivery.delivery_id not in seen:
-                    inserted = self.db.execute(
+                    cursor = self.db.execute(
                         "INSERT OR IGNORE INTO delivery (delivery_id, event, body, received_at)"
                         " VALUES (?, ?, ?, ?)",
                         (delivery.delivery_id, delivery.event, body,
                          delivery.received_at.isoformat()),
-                    ).rowcount  # fmt: skip
+                    )  # fmt: skip
+                    inserted = cursor.rowcount
+                    if inserted:
+                        kept.append(Kept(cursor.lastrowid or 0, delivery))
                 seen.add(delivery.delivery_id)
                 if inserted:
                     answers.append(
@@ -130,11 +135,19 @@ class Inbox:
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
             raise
-        return answers
+        return answers, kept
 
-    def pending(self, limit: int, *, retry_failed: bool = False) -> list[Kept]:
-        """The oldest deliveries kept and not yet recorded, parsed again from their bodies.
-        Those whose recording failed are left out unless `retry_failed`."""
+    def pending(
+        self,
+        limit: int,
+        *,
+        retry_failed: bool = False,
+        parsed: dict[int, webhooks.Delivery] | None = None,
+    ) -> list[Kept]:
+        """The oldest deliveries kept and not yet recorded: as `parsed` holds them (this
+        process kept them), else parsed again from their bodies. Those whose recording
+        failed are left out unless `retry_failed`."""
+        parsed = parsed or {}
         rows = self.db.execute(
             "SELECT seq, delivery_id, event, body, received_at FROM delivery"
             " WHERE ? OR failed IS NULL ORDER BY seq LIMIT ?",
@@ -142,14 +155,18 @@ class Inbox:
         ).fetchall()
         kept = []
         for seq, delivery_id, event, body, received_at in rows:
-            parsed = webhooks.parse(
+            known = parsed.get(seq)
+            if known is not None and known.delivery_id == delivery_id:
+                kept.append(Kept(seq, known))
+                continue
+            again = webhooks.parse(
                 body=body, event=event, delivery_id=delivery_id,
                 now=datetime.fromisoformat(received_at),
             )  # fmt: skip
-            if isinstance(parsed, webhooks.Outcome):  # it parsed when it was kept
-                self.fail(seq, f"its body no longer parses: {parsed.body}")
+            if isinstance(again, webhooks.Outcome):  # it parsed when it was kept
+                self.fail(seq, f"its body no longer parses: {again.body}")
                 continue
-            kept.append(Kept(seq, parsed))
+            kept.append(Kept(seq, again))
         return kept
 
     def done(self, seqs: Sequence[int]) -> None:
@@ -190,6 +207,9 @@ class Applier:
         self.file = file
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        # What this process kept, as parsed then, by seq: the applier need not parse it again.
+        self._parsed: dict[int, webhooks.Delivery] = {}
+        self._parsed_lock = threading.Lock()
         self._idle = threading.Event()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
 
@@ -197,7 +217,11 @@ class Applier:
         self._thread.start()
         return self
 
-    def wake(self) -> None:
+    def wake(self, kept: Sequence[Kept] = ()) -> None:
+        """Look at the inbox now; `kept`: what the writer has just kept there, parsed."""
+        if kept:
+            with self._parsed_lock:
+                self._parsed.update((k.seq, k.delivery) for k in kept)
         self._idle.clear()
         self._wake.set()
 
@@ -246,7 +270,9 @@ class Applier:
 
     def _apply(self, inbox: Inbox, *, retry_failed: bool) -> int:
         """Record one batch; how many deliveries it held (0: nothing waits)."""
-        kept = inbox.pending(APPLY_BATCH, retry_failed=retry_failed)
+        with self._parsed_lock:
+            parsed = dict(self._parsed)
+        kept = inbox.pending(APPLY_BATCH, retry_failed=retry_failed, parsed=parsed)
         if not kept:
             return 0
         answers = webhooks.record([k.delivery for k in kept])
@@ -258,6 +284,9 @@ class Applier:
             else:
                 recorded.append(item.seq)
         inbox.done(recorded)
+        with self._parsed_lock:
+            for item in kept:
+                self._parsed.pop(item.seq, None)
         return len(kept)
 
 

@@ -217,7 +217,7 @@ class Writer:
             if self._inbox is None or self._inbox.file != file:
                 self._close_inbox()
                 self._inbox = webhook_inbox.Inbox(file)
-            answers = self._inbox.keep(
+            answers, kept = self._inbox.keep(
                 [(delivery, self._bodies[delivery.delivery_id]) for delivery, _ in to_record],
                 wait=left,
             )
@@ -232,8 +232,8 @@ class Writer:
             self._bodies.clear()
         for answer, (_, future) in zip(answers, to_record, strict=True):
             future.set_result(answer)
-        if any(answer.body.get("ok") for answer in answers):
-            webhook_inbox.applier().wake()
+        if kept:
+            webhook_inbox.applier().wake(kept)
 
     def _close_inbox(self) -> None:
         if self._inbox is not None:

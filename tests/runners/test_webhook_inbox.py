@@ -133,7 +133,7 @@ for line in sys.stdin:
     parsed = webhooks.parse(body=body.encode(), event="workflow_job", delivery_id=delivery_id,
                             now=timezone.now())
     kept.append((parsed, body.encode()))
-print([a.status for a in inbox.keep(kept, wait=5)], flush=True)
+print([a.status for a in inbox.keep(kept, wait=5)[0]], flush=True)
 os.kill(os.getpid(), signal.SIGKILL)  # before any applier of this process could record them
 """
 
