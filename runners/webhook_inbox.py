@@ -138,20 +138,15 @@ class Inbox:
         return answers, kept
 
     def pending(
-        self,
-        limit: int,
-        *,
-        retry_failed: bool = False,
-        parsed: dict[int, webhooks.Delivery] | None = None,
+        self, limit: int, *, parsed: dict[int, webhooks.Delivery] | None = None
     ) -> list[Kept]:
-        """The oldest deliveries kept and not yet recorded: as `parsed` holds them (this
-        process kept them), else parsed again from their bodies. Those whose recording
-        failed are left out unless `retry_failed`."""
+        """The oldest deliveries kept and not yet recorded, nor set aside: as `parsed` holds
+        them (this process kept them), else parsed again from their bodies."""
         parsed = parsed or {}
         rows = self.db.execute(
             "SELECT seq, delivery_id, event, body, received_at FROM delivery"
-            " WHERE ? OR failed IS NULL ORDER BY seq LIMIT ?",
-            (retry_failed, limit),
+            " WHERE failed IS NULL ORDER BY seq LIMIT ?",
+            (limit,),
         ).fetchall()
         kept = []
         for seq, delivery_id, event, body, received_at in rows:
@@ -183,12 +178,25 @@ class Inbox:
         self.db.execute("PRAGMA busy_timeout = 30000")
         self.db.execute("UPDATE delivery SET failed = ? WHERE seq = ?", (error[:2000], seq))
 
+    def retry_failed(self) -> int:
+        """Put every delivery set aside back in line (a start); how many there were."""
+        self.db.execute("PRAGMA busy_timeout = 30000")
+        return self.db.execute(
+            "UPDATE delivery SET failed = NULL WHERE failed IS NOT NULL"
+        ).rowcount
+
     def counts(self) -> tuple[int, int]:
-        """(waiting, failed)."""
+        """(waiting, set aside)."""
         waiting, failed = self.db.execute(
             "SELECT COUNT(*) - COUNT(failed), COUNT(failed) FROM delivery"
         ).fetchone()
         return waiting, failed
+
+    def counts_and_close(self) -> tuple[int, int]:
+        try:
+            return self.counts()
+        finally:
+            self.close()
 
 
 def recorded_ids(ids: Sequence[str]) -> set[str]:
@@ -218,9 +226,14 @@ class Applier:
         self.file = file
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._lock = threading.Lock()
         # What this process kept, as parsed then, by seq: the applier need not parse it again.
+        # Only seqs above the last batch's are taken: one the applier already recorded (it
+        # found the row before the writer handed it over) would never be removed.
         self._parsed: dict[int, webhooks.Delivery] = {}
-        self._parsed_lock = threading.Lock()
+        self._recorded_upto = 0
+        # Counted wakes: the applier is idle only if none came since it last looked.
+        self._asked = 0
         self._idle = threading.Event()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
 
@@ -230,10 +243,10 @@ class Applier:
 
     def wake(self, kept: Sequence[Kept] = ()) -> None:
         """Look at the inbox now; `kept`: what the writer has just kept there, parsed."""
-        if kept:
-            with self._parsed_lock:
-                self._parsed.update((k.seq, k.delivery) for k in kept)
-        self._idle.clear()
+        with self._lock:
+            self._parsed.update((k.seq, k.delivery) for k in kept if k.seq > self._recorded_upto)
+            self._asked += 1
+            self._idle.clear()
         self._wake.set()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -251,15 +264,21 @@ class Applier:
 
     def _run(self) -> None:
         inbox = Inbox(self.file)
-        retry_failed = True  # a start tries again what failed in an earlier process
         backoff = APPLY_BACKOFF
         try:
+            # A start tries again what an earlier process set aside (the fault may be fixed).
+            retried = inbox.retry_failed()
+            if retried:
+                log.warning("webhook inbox: trying again %d deliveries set aside before", retried)
             while True:
+                with self._lock:
+                    asked = self._asked
                 try:
-                    applied = self._apply(inbox, retry_failed=retry_failed)
-                    retry_failed = False
+                    applied = self._apply(inbox)
                     backoff = APPLY_BACKOFF
                 except (DatabaseError, sqlite3.Error) as exc:
+                    # The database (or the inbox) is busy or gone: the same deliveries again,
+                    # later; none is dropped.
                     log.warning("webhook inbox: recording failed, trying again in %.2f s: %s",
                                 backoff, exc)  # fmt: skip
                     _close_connections()
@@ -269,8 +288,9 @@ class Applier:
                     continue
                 if applied:
                     continue  # more may be kept: look again at once
-                if not self._wake.is_set():
-                    self._idle.set()
+                with self._lock:
+                    if self._asked == asked:
+                        self._idle.set()
                 if self._stopping.is_set():
                     return
                 self._wake.wait()
@@ -279,26 +299,51 @@ class Applier:
             inbox.close()
             _close_connections()
 
-    def _apply(self, inbox: Inbox, *, retry_failed: bool) -> int:
+    def _apply(self, inbox: Inbox) -> int:
         """Record one batch; how many deliveries it held (0: nothing waits)."""
-        with self._parsed_lock:
+        with self._lock:
             parsed = dict(self._parsed)
-        kept = inbox.pending(APPLY_BATCH, retry_failed=retry_failed, parsed=parsed)
+        kept = inbox.pending(APPLY_BATCH, parsed=parsed)
         if not kept:
             return 0
-        answers = webhooks.record([k.delivery for k in kept])
+        answers = _record(kept)
         recorded = []
         for item, answer in zip(kept, answers, strict=True):
             if isinstance(answer, Exception):
-                # `record` logged it; kept aside, so it neither blocks the rest nor is lost.
+                # Logged where it failed; kept aside, so it neither blocks the rest nor is
+                # lost, and tried again at the next start.
                 inbox.fail(item.seq, f"{type(answer).__name__}: {answer}")
             else:
                 recorded.append(item.seq)
         inbox.done(recorded)
-        with self._parsed_lock:
-            for item in kept:
-                self._parsed.pop(item.seq, None)
+        with self._lock:
+            self._recorded_upto = max(self._recorded_upto, kept[-1].seq)
+            for seq in [s for s in self._parsed if s <= self._recorded_upto]:
+                del self._parsed[seq]
         return len(kept)
+
+
+def _record(kept: Sequence[Kept]) -> list[webhooks.Outcome | Exception]:
+    """`webhooks.record` for a batch; if it fails other than by the database (a fault of ours
+    outside any one delivery's savepoint), each delivery alone, so that only the one at
+    fault is set aside. A database error raises: the batch is tried again whole."""
+    try:
+        return webhooks.record([k.delivery for k in kept])
+    except (DatabaseError, sqlite3.Error):
+        raise
+    except Exception:
+        log.exception("webhook inbox: a batch of %d failed; recording each alone", len(kept))
+    answers: list[webhooks.Outcome | Exception] = []
+    for item in kept:
+        try:
+            answers.extend(webhooks.record([item.delivery]))
+        except (DatabaseError, sqlite3.Error):
+            raise
+        except Exception as exc:
+            log.exception("webhook inbox: delivery %s could not be recorded",
+                          item.delivery.delivery_id)  # fmt: skip
+            answers.append(exc)
+    return answers
 
 
 def _close_connections() -> None:
@@ -319,6 +364,25 @@ def applier() -> Applier:
         if found is None or not found.alive():
             found = _appliers[file] = Applier(file).start()
         return found
+
+
+def drain_at_start() -> bool:
+    """At a server's start on SQLite: record what an earlier process kept and did not record
+    (killed, or stopped with the database locked), even with the inbox turned off since, as
+    those deliveries were answered 200 and GitHub will not send them again. True when an
+    applier was started for it."""
+    if connection.vendor != "sqlite":
+        return False
+    file = path()
+    if not enabled() and not file.exists():
+        return False
+    if file.exists():
+        waiting, failed = Inbox(file).counts_and_close()
+        if waiting or failed:
+            log.warning("webhook inbox: %d deliveries kept by an earlier process (%d set aside "
+                        "then): recording them", waiting + failed, failed)  # fmt: skip
+    applier().wake()
+    return True
 
 
 def stop_appliers(timeout: float = 30.0) -> list[Path]:

@@ -103,10 +103,9 @@ class Writer:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        # The writer thread's own: its connection to the inbox, and the bodies of the burst
-        # it is keeping there, by delivery id.
-        self._inbox: webhook_inbox.Inbox | None = None
-        self._bodies: dict[str, bytes] = {}
+        # The writer thread's own (a thread a timed-out stop left behind keeps its own): its
+        # connection to the inbox, and the bodies of the burst it is keeping, by delivery id.
+        self._local = threading.local()
 
     def submit(self, request: Request) -> Future[webhooks.Outcome]:
         """Queue a delivery; the future holds its answer once its burst has committed."""
@@ -174,7 +173,7 @@ class Writer:
                 future.set_exception(exc)
             return
         to_record: list[tuple[webhooks.Delivery, Future[webhooks.Outcome]]] = []
-        self._bodies.clear()
+        bodies = self._local.bodies = {}
         for request, future in items:
             try:
                 checked = _check(request, secrets)
@@ -185,7 +184,7 @@ class Writer:
                 future.set_result(checked)  # refused: nothing to write
             else:
                 to_record.append((checked, future))
-                self._bodies[checked.delivery_id] = request.body
+                bodies[checked.delivery_id] = request.body
         if not to_record:
             return
         answer_by = min(request.answer_by for request, _ in items)
@@ -214,11 +213,13 @@ class Writer:
             if left < MIN_WRITE_SECONDS:
                 raise TooLate("its answer was due before the inbox took it")
             file = webhook_inbox.path()
-            if self._inbox is None or self._inbox.file != file:
+            inbox = getattr(self._local, "inbox", None)
+            if inbox is None or inbox.file != file:
                 self._close_inbox()
-                self._inbox = webhook_inbox.Inbox(file)
-            answers, kept = self._inbox.keep(
-                [(delivery, self._bodies[delivery.delivery_id]) for delivery, _ in to_record],
+                inbox = self._local.inbox = webhook_inbox.Inbox(file)
+            bodies = self._local.bodies
+            answers, kept = inbox.keep(
+                [(delivery, bodies[delivery.delivery_id]) for delivery, _ in to_record],
                 wait=left,
             )
         except (sqlite3.Error, DatabaseError) as exc:
@@ -229,16 +230,17 @@ class Writer:
                 future.set_exception(error)
             return
         finally:
-            self._bodies.clear()
-        for answer, (_, future) in zip(answers, to_record, strict=True):
-            future.set_result(answer)
+            self._local.bodies = {}
         if kept:
             webhook_inbox.applier().wake(kept)
+        for answer, (_, future) in zip(answers, to_record, strict=True):
+            future.set_result(answer)
 
     def _close_inbox(self) -> None:
-        if self._inbox is not None:
-            self._inbox.close()
-            self._inbox = None
+        inbox = getattr(self._local, "inbox", None)
+        if inbox is not None:
+            inbox.close()
+            self._local.inbox = None
 
 
 def _check(request: Request, secrets: list[str]) -> webhooks.Outcome | webhooks.Delivery:

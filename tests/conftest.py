@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -23,7 +24,7 @@ from django.conf import settings
 from accounts import actions as account_actions
 from accounts.roles import ALL_SCOPES
 from fleet import api as agent_api
-from runners import webhook_writer
+from runners import webhook_inbox, webhook_writer
 from runners.github import config  # the cached App is built from registry values
 from tests import leftovers, postgres_databases
 from zoomies_site.core import registry, sealing, wakebus
@@ -72,9 +73,14 @@ def registry_defaults(settings, tmp_path, monkeypatch) -> Iterator[RegistryValue
 @pytest.fixture(autouse=True)
 def _webhook_writer_stopped() -> Iterator[None]:
     """The webhook writer's thread keeps its database connection between deliveries: it is
-    ended after each test that started it, so no connection outlives the test's database."""
+    ended after each test that started it, so no connection outlives the test's database.
+    So is the webhook inbox's applier, after recording what the inbox keeps; then the inbox
+    file goes, so nothing a test kept there meets the next test's database."""
     yield
     webhook_writer.writer.stop()
+    for inbox in webhook_inbox.stop_appliers():
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{inbox}{suffix}").unlink(missing_ok=True)
 
 
 @pytest.fixture(autouse=True)

@@ -356,8 +356,7 @@ def serve(host: str, port: int, internal_port: int | None, *, reuse_port: bool =
     # killed, or stopped with the database locked) are recorded now, not at the next one.
     from runners import webhook_inbox  # noqa: PLC0415  # Django is set up by now
 
-    if webhook_inbox.enabled():
-        webhook_inbox.applier().wake()
+    webhook_inbox.drain_at_start()
     # Server.run builds its HTTP factory from this module-level name; the process is ours.
     daphne.server.HTTPFactory = BoundedHTTPFactory
     log.info("serving on %s (%s)", ", ".join(listen), limits)

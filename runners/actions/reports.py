@@ -144,9 +144,6 @@ def _came_up_together(
          for _, _, r in running],
         actor=actor,
     )  # fmt: skip
-    changed = [r for _, _, r in running if r.phase != "running"]
-    Runner.objects.filter(pk__in=[r.pk for _, _, r in running]).update(phase="running")
-    emit_each([("runner.reported", r, now) for r in changed])
     # RUN-16, HOOK-05: a job GitHub already started on one of them (one query for the group).
     names = [r.name for _, _, r in plain]
     started = Job.objects.filter(
@@ -157,6 +154,9 @@ def _came_up_together(
     for _, _, runner in plain:
         if runner.name in caught or runner.pk in caught:
             _catch_up_started_job(runner, now=now, actor=actor)
+    changed = [r for _, _, r in running if r.phase != "running"]
+    Runner.objects.filter(pk__in=[r.pk for _, _, r in running]).update(phase="running")
+    emit_each([("runner.reported", r, now) for r in changed])
     return {index for index, _, _ in plain}
 
 

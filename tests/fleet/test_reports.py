@@ -381,7 +381,8 @@ def test_run15_16_a_bursts_registering_reports_applied_together_leave_what_one_a
     other, _ = join("h2")
     alone = [make_runner(host, "provisioning") for _ in range(4)]
     together = [make_runner(host, "provisioning") for _ in range(24)]
-    early_alone, early_together = alone[0], together[0]
+    # The early pair's reports carry the running phase: its event follows the move to busy.
+    early_alone, early_together = alone[1], together[1]
     job_started_early(early_alone, github_id=51)
     job_started_early(early_together, github_id=52)
 
@@ -401,7 +402,9 @@ def test_run15_16_a_bursts_registering_reports_applied_together_leave_what_one_a
         assert str(_trail(runner)) == str(_trail(together[index])).replace("job 52", "job 51")
     assert _trail(early_together)["row"][0] == "busy"
     assert Job.objects.get(github_id=52).runner_id == early_together.pk
-    assert {_trail(r)["row"] for r in together[1:]} == {("registering", ""), ("idle", "running")}
+    assert _trail(early_together)["events"][-2:] == ["runner.busy", "runner.reported"]
+    others = [r for r in together if r is not early_together]
+    assert {_trail(r)["row"] for r in others} == {("registering", ""), ("idle", "running")}
 
     # Mixed: a runner reported twice, an idle runner's phase, another host's runner, and two
     # plain ones; each as alone.

@@ -216,6 +216,54 @@ def test_a_burst_kept_together_is_recorded_in_order_and_each_once():
         == 40
     )
     assert Job.objects.filter(github_id__range=(5_540_000, 5_540_039)).count() == 40
+    # What the writer handed over parsed is let go once recorded, however the two met.
+    assert webhook_inbox.settle(10)
+    assert not webhook_inbox.applier()._parsed
+
+
+@sqlite_only
+def test_a_batch_that_fails_outside_any_deliverys_savepoint_is_recorded_one_by_one(monkeypatch):
+    """A fault of ours that fails a whole batch (outside the savepoint of any one delivery)
+    neither kills the applier nor holds up the deliveries behind it: the batch is recorded a
+    delivery at a time, and only the one at fault is set aside."""
+    real = webhooks._new_queued_jobs
+
+    def faulty(deliveries, burst):
+        if any(d.payload["workflow_job"]["id"] == 5_550_001 for d in deliveries):
+            raise RuntimeError("a bug outside the savepoints")
+        return real(deliveries, burst)
+
+    monkeypatch.setattr(webhooks, "_new_queued_jobs", faulty)
+    futures = [webhook_writer.submit(request_for(5_550_000 + i)) for i in range(3)]
+    wait(futures, timeout=30)
+    assert [f.result().status for f in futures] == [200, 200, 200]
+    wait_until(lambda: len(kept()) == 1 and kept()[0][1], 30, "the one at fault set aside")
+    assert "a bug outside the savepoints" in kept()[0][1]
+    assert set(Job.objects.values_list("github_id", flat=True)) >= {5_550_000, 5_550_002}
+    assert webhook_inbox.applier().alive()
+    later = webhook_writer.submit(request_for(5_550_010))  # the applier still records
+    assert later.result(timeout=30).status == 200
+    wait_until(lambda: Job.objects.filter(github_id=5_550_010).exists(), 30, "a later one")
+
+
+@sqlite_only
+def test_an_inbox_left_with_deliveries_is_drained_at_start_even_with_the_inbox_turned_off(
+    settings,
+):
+    """Deliveries an earlier process kept were answered 200 and GitHub will not send them
+    again: a server that starts with the inbox turned off still records them."""
+    from django.utils import timezone  # noqa: PLC0415
+
+    inbox = webhook_inbox.Inbox(webhook_inbox.path())
+    request = request_for(5_560_000)
+    parsed = webhooks.parse(body=request.body, event="workflow_job",
+                            delivery_id=request.delivery_id, now=timezone.now())  # fmt: skip
+    inbox.keep([(parsed, request.body)], wait=5)
+    inbox.close()
+    settings.WEBHOOK_INBOX = False
+    assert webhook_inbox.drain_at_start()
+    wait_until(lambda: not kept(), 30, "the kept delivery recorded")
+    assert recorded(request.delivery_id) == 1
 
 
 def test_the_inbox_is_sqlites_and_can_be_turned_off(settings):

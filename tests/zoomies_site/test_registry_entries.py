@@ -121,6 +121,7 @@ def test_env_names_do_not_collide_with_the_process_settings():
         "ZOOMIES_REDIS_PREFIX",
         "ZOOMIES_Q_WORKERS",
         "ZOOMIES_Q_CLUSTER",
+        "ZOOMIES_WEBHOOK_INBOX",
         "ZOOMIES_LOG_LEVEL",
         "ZOOMIES_ALLOWED_HOSTS",
         "ZOOMIES_DJANGO_SECRET",
