@@ -366,6 +366,23 @@ def applier() -> Applier:
         return found
 
 
+def counts_now() -> tuple[int, int] | None:
+    """(waiting, set aside) in the current database's inbox, read without writing; None
+    when there is no inbox (PostgreSQL, or no file yet). For the metrics' scrape."""
+    if connection.vendor != "sqlite" or not path().exists():
+        return None
+    db = sqlite3.connect(f"file:{path()}?mode=ro", uri=True, timeout=5)
+    try:
+        waiting, failed = db.execute(
+            "SELECT COUNT(*) - COUNT(failed), COUNT(failed) FROM delivery"
+        ).fetchone()
+        return waiting, failed
+    except sqlite3.Error:
+        return None  # not yet set up by its first writer
+    finally:
+        db.close()
+
+
 def drain_at_start() -> bool:
     """At a server's start on SQLite: record what an earlier process kept and did not record
     (killed, or stopped with the database locked), even with the inbox turned off since, as

@@ -24,6 +24,7 @@ from fleet.models import AgentTask, Host, Machine
 from fleet.rest_api import host_queryset
 from fleet.states import OPEN_TASK_STATES, MachineState
 from fleet.throttle import cpu_factor
+from runners import webhook_inbox
 from runners.models import Installation, Job, Runner
 from zoomies_site.core import environment
 from zoomies_site.core.metrics import MULTIPROC_ENV
@@ -111,6 +112,19 @@ class DatabaseCollector:
             "Background tasks waiting in the django-q2 queue.",
             value=OrmQ.objects.count(),
         )
+        # On SQLite: deliveries answered and not yet recorded (runners/webhook_inbox.py). A
+        # waiting count that stays up means the database is not taking the applier's writes;
+        # one set aside is a delivery whose recording failed, tried again at the next start.
+        inbox = webhook_inbox.counts_now()
+        if inbox is not None:
+            kept = GaugeMetricFamily(
+                "zoomies_webhook_inbox_deliveries",
+                "Webhook deliveries answered and kept in the inbox, not yet recorded.",
+                labels=["state"],
+            )
+            kept.add_metric(["waiting"], inbox[0])
+            kept.add_metric(["set_aside"], inbox[1])
+            yield kept
         yield GaugeMetricFamily(
             "zoomies_installations_standing_down",
             "Installations standing down now because GitHub rate limited them.",

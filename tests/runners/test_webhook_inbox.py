@@ -275,3 +275,31 @@ def test_the_inbox_is_sqlites_and_can_be_turned_off(settings):
     assert webhook_inbox.enabled() == (connection.vendor == "sqlite")
     settings.WEBHOOK_INBOX = False
     assert not webhook_inbox.enabled()
+
+
+@sqlite_only
+def test_the_inbox_is_counted_in_the_metrics_while_it_holds_deliveries():
+    """`GET /metrics` shows what the inbox holds, waiting and set aside, so an operator sees
+    deliveries answered and not yet recorded; none when there is no inbox file."""
+    from django.utils import timezone  # noqa: PLC0415
+
+    from zoomies_site import metrics_view  # noqa: PLC0415
+
+    assert b"zoomies_webhook_inbox_deliveries" not in metrics_view.exposition()
+    inbox = webhook_inbox.Inbox(webhook_inbox.path())
+    requests = [request_for(5_570_000 + i) for i in range(3)]
+    parsed = [
+        (webhooks.parse(body=r.body, event="workflow_job", delivery_id=r.delivery_id,
+                        now=timezone.now()), r.body)
+        for r in requests
+    ]  # fmt: skip
+    _, kept_now = inbox.keep(parsed, wait=5)
+    inbox.fail(kept_now[0].seq, "RuntimeError: for the count")
+    inbox.close()
+    text = metrics_view.exposition().decode()
+    assert 'zoomies_webhook_inbox_deliveries{state="waiting"} 2.0' in text
+    assert 'zoomies_webhook_inbox_deliveries{state="set_aside"} 1.0' in text
+    assert webhook_inbox.drain_at_start()  # recorded, so the test leaves no inbox behind
+    wait_until(lambda: not kept(), 30, "the kept deliveries recorded")
+    text = metrics_view.exposition().decode()
+    assert 'zoomies_webhook_inbox_deliveries{state="waiting"} 0.0' in text
