@@ -185,19 +185,6 @@ class Inbox:
             "UPDATE delivery SET failed = NULL WHERE failed IS NOT NULL"
         ).rowcount
 
-    def counts(self) -> tuple[int, int]:
-        """(waiting, set aside)."""
-        waiting, failed = self.db.execute(
-            "SELECT COUNT(*) - COUNT(failed), COUNT(failed) FROM delivery"
-        ).fetchone()
-        return waiting, failed
-
-    def counts_and_close(self) -> tuple[int, int]:
-        try:
-            return self.counts()
-        finally:
-            self.close()
-
 
 def recorded_ids(ids: Sequence[str]) -> set[str]:
     """The delivery ids of `ids` the database has recorded (a read: SQLite's WAL readers
@@ -393,8 +380,9 @@ def drain_at_start() -> bool:
     file = path()
     if not enabled() and not file.exists():
         return False
-    if file.exists():
-        waiting, failed = Inbox(file).counts_and_close()
+    found = counts_now()
+    if found is not None:
+        waiting, failed = found
         if waiting or failed:
             log.warning("webhook inbox: %d deliveries kept by an earlier process (%d set aside "
                         "then): recording them", waiting + failed, failed)  # fmt: skip

@@ -103,8 +103,8 @@ class Writer:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        # The writer thread's own (a thread a timed-out stop left behind keeps its own): its
-        # connection to the inbox, and the bodies of the burst it is keeping, by delivery id.
+        # The writer thread's own connection to the inbox (a thread a timed-out stop left
+        # behind keeps its own).
         self._local = threading.local()
 
     def submit(self, request: Request) -> Future[webhooks.Outcome]:
@@ -173,7 +173,7 @@ class Writer:
                 future.set_exception(exc)
             return
         to_record: list[tuple[webhooks.Delivery, Future[webhooks.Outcome]]] = []
-        bodies = self._local.bodies = {}
+        bodies: dict[str, bytes] = {}
         for request, future in items:
             try:
                 checked = _check(request, secrets)
@@ -189,7 +189,7 @@ class Writer:
             return
         answer_by = min(request.answer_by for request, _ in items)
         if webhook_inbox.enabled():
-            self._keep(to_record, answer_by)
+            self._keep(to_record, bodies, answer_by)
             return
         try:
             answers = _record([delivery for delivery, _ in to_record], answer_by=answer_by)
@@ -204,7 +204,10 @@ class Writer:
                 future.set_result(answer)
 
     def _keep(
-        self, to_record: list[tuple[webhooks.Delivery, Future[webhooks.Outcome]]], answer_by: float
+        self,
+        to_record: list[tuple[webhooks.Delivery, Future[webhooks.Outcome]]],
+        bodies: dict[str, bytes],
+        answer_by: float,
     ) -> None:
         """On SQLite: keep the burst in the inbox (runners.webhook_inbox), answer it, and wake
         the applier that records it in the database."""
@@ -217,7 +220,6 @@ class Writer:
             if inbox is None or inbox.file != file:
                 self._close_inbox()
                 inbox = self._local.inbox = webhook_inbox.Inbox(file)
-            bodies = self._local.bodies
             answers, kept = inbox.keep(
                 [(delivery, bodies[delivery.delivery_id]) for delivery, _ in to_record],
                 wait=left,
@@ -229,8 +231,6 @@ class Writer:
             for _, future in to_record:
                 future.set_exception(error)
             return
-        finally:
-            self._local.bodies = {}
         if kept:
             webhook_inbox.applier().wake(kept)
         for answer, (_, future) in zip(answers, to_record, strict=True):

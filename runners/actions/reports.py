@@ -150,9 +150,10 @@ def _came_up_together(
         Q(runner_name__in=names) | Q(runner__in=[r.pk for _, _, r in plain]),
         status=JobStatus.IN_PROGRESS,
     ).values_list("runner_name", "runner_id")
-    caught = {name for name, _ in started} | {pk for _, pk in started}
+    named = {name for name, _ in started}
+    linked = {pk for _, pk in started}
     for _, _, runner in plain:
-        if runner.name in caught or runner.pk in caught:
+        if runner.name in named or runner.pk in linked:
             _catch_up_started_job(runner, now=now, actor=actor)
     changed = [r for _, _, r in running if r.phase != "running"]
     Runner.objects.filter(pk__in=[r.pk for _, _, r in running]).update(phase="running")
