@@ -266,12 +266,25 @@ def test_an_inbox_left_with_deliveries_is_drained_at_start_even_with_the_inbox_t
     assert recorded(request.delivery_id) == 1
 
 
-def test_the_inbox_is_sqlites_and_can_be_turned_off(settings):
+def test_the_inbox_is_sqlites_and_can_be_turned_off(settings, tmp_path):
     """On SQLite the inbox is on by default; WEBHOOK_INBOX=False (ZOOMIES_WEBHOOK_INBOX=0)
-    records before answering, as PostgreSQL always does, whatever the setting says."""
-    import zoomies_site.settings as production  # noqa: PLC0415
-
-    assert production.WEBHOOK_INBOX is True  # the default (tests/conftest.py turns it off)
+    records before answering, as PostgreSQL always does, whatever the setting says. The
+    default is read where production reads it: a process on production's settings, with the
+    variable unset and with it 0 (this process's settings are the suite's, tests/conftest.py)."""
+    ask = (
+        "import django; django.setup(); from runners import webhook_inbox; "
+        "print(webhook_inbox.enabled())"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZOOMIES_")}
+    env |= {"DJANGO_SETTINGS_MODULE": "zoomies_site.settings", "ZOOMIES_DATA_DIR": str(tmp_path)}
+    said = [
+        subprocess.run(
+            [sys.executable, "-c", ask], env=env | extra, cwd=os.getcwd(),
+            capture_output=True, text=True, timeout=60,
+        ).stdout.strip()
+        for extra in ({}, {"ZOOMIES_WEBHOOK_INBOX": "0"})
+    ]  # fmt: skip
+    assert said == ["True", "False"]
     assert webhook_inbox.enabled() == (connection.vendor == "sqlite")
     settings.WEBHOOK_INBOX = False
     assert not webhook_inbox.enabled()
